@@ -1,0 +1,7 @@
+"""Stochastic-gradient MCMC kernels (one module per family)."""
+
+from numpyro_sg.kernels.base import DivergenceWarning, SGKernel
+from numpyro_sg.kernels.sgbd import SGBD
+from numpyro_sg.kernels.sgld import SGLD, polynomial_schedule
+
+__all__ = ["SGKernel", "DivergenceWarning", "SGLD", "SGBD", "polynomial_schedule"]
