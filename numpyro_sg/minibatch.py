@@ -334,7 +334,7 @@ class Minibatcher:
 
         ``log_density(params, indices)`` is a log density as returned by
         :meth:`log_density_fn` (``params`` any pytree).  Evaluates it on one datum at a time
-        (plate index set of size one, scale N) and ``vmap``s over the n indices: O(n·d).  Each
+        (plate index set of size one, scale N), vectorised with ``jax.vmap`` over the n indices: O(n·d).  Each
         such gradient is g_i = ∇ log p(θ) + N ∇ log f(x_i|θ), so ĝ = mean_i g_i and
         τ̂ = sd_i(g_i)/√n = (N/√n)·sd_i(∇ log f(x_i|θ)) (× √(1 − n/N) without replacement);
         the mean of the per-datum values is the mini-batch log density.  Gradients come back

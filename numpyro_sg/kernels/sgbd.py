@@ -4,10 +4,12 @@ Coordinate-wise, for each j independently:
 
 1. z_j ~ N(σ_j, (0.1·σ_j)²), σ the step size (scalar or per coordinate);
 2. keep the sign of z_j with probability p_j:
-   * vanilla:   p_j = sigmoid(z_j·ĝ_j)
-   * corrected: if |z_j| < 1.702/τ̂_j, α_j = 1.702/√(1.702² − τ̂_j²·z_j²) and
-     p_j = sigmoid(α_j·z_j·ĝ_j); otherwise (past the breaking point) p_j = 1{z_j·ĝ_j > 0}
-   * extreme:   p_j = 1{z_j·ĝ_j > 0}
+
+   * vanilla: p_j = sigmoid(z_j·ĝ_j);
+   * corrected: if abs(z_j) < 1.702/τ̂_j, α_j = 1.702/√(1.702² − τ̂_j²·z_j²) and
+     p_j = sigmoid(α_j·z_j·ĝ_j); otherwise (past the breaking point) p_j = 1{z_j·ĝ_j > 0};
+   * extreme: p_j = 1{z_j·ĝ_j > 0};
+
 3. θ_j ← θ_j + b_j·z_j, b_j = +1 with probability p_j, else −1.
 
 No accept/reject step.  ``adapt_step_size`` sets σ_j = 1.702/(1.233·τ̂_j), which keeps about
@@ -50,7 +52,7 @@ def barker_increment(key, sigma):
 
 
 def past_breaking_point(z, noise_sd):
-    """True where |z|·τ̂ ≥ 1.702, i.e. the corrected estimator does not exist."""
+    """True where abs(z)·τ̂ ≥ 1.702, i.e. the corrected estimator does not exist."""
     return jnp.abs(z) * noise_sd >= BARKER_LOGISTIC_SCALE
 
 
@@ -63,7 +65,8 @@ def barker_alpha(z, noise_sd):
 
 def keep_sign_probability(z, grad, noise_sd, variant: str):
     """Probability of keeping the sign of the increment z, per coordinate."""
-    extreme = (z * grad > 0).astype(jnp.result_type(z))
+    z, grad = jnp.asarray(z), jnp.asarray(grad)
+    extreme = (z * grad > 0).astype(jnp.result_type(z, grad, float))
     if variant == "vanilla":
         return jax.nn.sigmoid(z * grad)
     if variant == "extreme":
@@ -94,7 +97,7 @@ class SGBDState(NamedTuple):
 
     As :class:`~numpyro_sg.kernels.sgld.SGLDState`, with ``step_size`` σ per coordinate
     (flat) and ``frac_past_breaking_point`` the fraction of coordinates whose increment had
-    |z_j|·τ̂_j ≥ 1.702 at this iteration (NaN without τ̂).
+    abs(z_j)·τ̂_j ≥ 1.702 at this iteration (NaN without τ̂).
     """
 
     i: Any

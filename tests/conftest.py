@@ -1,0 +1,57 @@
+import os
+
+# Two host devices so chain_method="parallel" really runs in parallel (must precede jax init).
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+
+import numpy as np  # noqa: E402
+import numpyro  # noqa: E402
+import numpyro.distributions as dist  # noqa: E402
+import pytest  # noqa: E402
+
+
+def logistic_model(X, y=None, subsample_size=50):
+    N, d = X.shape
+    theta = numpyro.sample("theta", dist.Normal(0.0, 3.0).expand([d]).to_event(1))
+    with numpyro.plate("data", N, subsample_size=subsample_size):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = numpyro.subsample(y, event_dim=0) if y is not None else None
+        numpyro.sample("y", dist.Bernoulli(logits=Xb @ theta), obs=yb)
+
+
+def linear_model(X, y=None, subsample_size=100, prior_sd=2.0, noise_sd=1.0):
+    """Gaussian linear regression with known noise sd: the posterior is Gaussian, in closed form."""
+    N, d = X.shape
+    theta = numpyro.sample("theta", dist.Normal(0.0, prior_sd).expand([d]).to_event(1))
+    with numpyro.plate("data", N, subsample_size=subsample_size):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = numpyro.subsample(y, event_dim=0) if y is not None else None
+        numpyro.sample("y", dist.Normal(Xb @ theta, noise_sd), obs=yb)
+
+
+def linear_posterior(X, y, prior_sd=2.0, noise_sd=1.0):
+    """Exact posterior mean and covariance of ``linear_model``."""
+    X = np.asarray(X, np.float64)
+    prec = X.T @ X / noise_sd**2 + np.eye(X.shape[1]) / prior_sd**2
+    cov = np.linalg.inv(prec)
+    mean = cov @ X.T @ np.asarray(y, np.float64) / noise_sd**2
+    return mean, cov
+
+
+@pytest.fixture(scope="session")
+def logistic_data():
+    rng = np.random.default_rng(1)
+    N, d = 500, 3
+    X = rng.normal(size=(N, d)).astype(np.float32)
+    theta = np.array([1.0, -0.5, 0.25])
+    y = (rng.random(N) < 1 / (1 + np.exp(-X @ theta))).astype(np.float32)
+    return X, y
+
+
+@pytest.fixture(scope="session")
+def linear_data():
+    rng = np.random.default_rng(2)
+    N, d = 1000, 3
+    X = rng.normal(size=(N, d)).astype(np.float32)
+    theta = np.array([0.5, -1.0, 2.0])
+    y = (X @ theta + rng.normal(size=N)).astype(np.float32)
+    return X, y

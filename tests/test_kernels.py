@@ -1,0 +1,231 @@
+"""NumPyro integration of the kernels: chain methods, warmup/run, jit_model_args, determinism,
+divergence detection, postprocessing, argument validation, conversion to ArviZ, the demo."""
+
+import warnings
+
+import arviz as az
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from conftest import linear_model, logistic_model
+from numpyro.infer import MCMC, init_to_value
+
+import numpyro_sg as nsg
+
+KERNELS = {
+    "sgld": lambda **kw: nsg.SGLD(logistic_model, 1e-3, **kw),
+    "sgld-corrected": lambda **kw: nsg.SGLD(logistic_model, 1e-3, variant="corrected", **kw),
+    "sgbd": lambda **kw: nsg.SGBD(logistic_model, 0.02, **kw),
+    "sgbd-adaptive": lambda **kw: nsg.SGBD(logistic_model, 0.02, adapt_step_size=True, **kw),
+}
+
+
+def _samples(kernel, data, chain_method="sequential", num_chains=2, jit_model_args=False, key=0):
+    mcmc = MCMC(
+        kernel,
+        num_warmup=50,
+        num_samples=100,
+        num_chains=num_chains,
+        chain_method=chain_method,
+        jit_model_args=jit_model_args,
+        progress_bar=False,
+    )
+    mcmc.run(jax.random.PRNGKey(key), *data, extra_fields=("step_size", "grad_noise_sd"))
+    return mcmc
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_chain_methods_agree(name, logistic_data):
+    """All three chain methods run and give the same draws for the same key."""
+    assert jax.local_device_count() >= 2  # conftest forces two host devices: real pmap
+    out = {
+        cm: _samples(KERNELS[name](), logistic_data, chain_method=cm)
+        for cm in ("sequential", "parallel", "vectorized")
+    }
+    ref = out["sequential"].get_samples(group_by_chain=True)["theta"]
+    assert ref.shape == (2, 100, 3)
+    assert not np.allclose(ref[0], ref[1])  # chains differ
+    for cm in ("parallel", "vectorized"):
+        np.testing.assert_allclose(
+            out[cm].get_samples(group_by_chain=True)["theta"], ref, rtol=1e-4, atol=1e-6
+        )
+        for field in ("step_size", "grad_noise_sd", "diverging"):
+            np.testing.assert_allclose(
+                out[cm].get_extra_fields(group_by_chain=True)[field],
+                out["sequential"].get_extra_fields(group_by_chain=True)[field],
+                rtol=1e-4,
+            )
+
+
+def test_same_key_same_draws_and_different_key_different_draws(logistic_data):
+    a = _samples(KERNELS["sgbd"](), logistic_data, key=1).get_samples()["theta"]
+    b = _samples(KERNELS["sgbd"](), logistic_data, key=1).get_samples()["theta"]
+    c = _samples(KERNELS["sgbd"](), logistic_data, key=2).get_samples()["theta"]
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a, c)
+
+
+def test_jit_model_args(logistic_data):
+    X, y = logistic_data
+    plain = _samples(KERNELS["sgld"](), (X, y), num_chains=1)
+    jitted = MCMC(KERNELS["sgld"](), num_warmup=50, num_samples=100, jit_model_args=True,
+                  progress_bar=False)
+    jitted.run(jax.random.PRNGKey(0), X, y)
+    np.testing.assert_allclose(jitted.get_samples()["theta"], plain.get_samples()["theta"],
+                               rtol=1e-4, atol=1e-6)
+    # the compiled program takes the data as an argument: new data of the same shape is used
+    jitted.run(jax.random.PRNGKey(0), X, 1.0 - y)
+    flipped = jitted.get_samples()["theta"].mean(0)
+    assert np.all(np.sign(flipped) == -np.sign(plain.get_samples()["theta"].mean(0)))
+
+
+def test_warmup_then_run(logistic_data):
+    X, y = logistic_data
+    mcmc = MCMC(nsg.SGBD(logistic_model, 0.02, adapt_step_size="warmup"), num_warmup=100,
+                num_samples=60, progress_bar=False)
+    mcmc.warmup(jax.random.PRNGKey(0), X, y, extra_fields=("step_size",), collect_warmup=True)
+    warm = mcmc.get_samples()["theta"]
+    sigma_warm = mcmc.get_extra_fields()["step_size"][-1]
+    assert warm.shape == (100, 3)
+    assert mcmc.post_warmup_state.i == 100
+    mcmc.run(jax.random.PRNGKey(1), X, y, extra_fields=("step_size",))
+    assert mcmc.last_state.i == 160  # the counter keeps counting across warmup() and run()
+    draws = mcmc.get_samples()["theta"]
+    assert draws.shape == (60, 3)
+    # the run continues from the warmed-up chain and keeps the step size fixed after warmup
+    assert np.abs(draws[0] - warm[-1]).max() < 0.2
+    np.testing.assert_allclose(mcmc.get_extra_fields()["step_size"], np.tile(sigma_warm, (60, 1)))
+
+
+def test_decaying_step_schedule(logistic_data):
+    schedule = nsg.polynomial_schedule(1e-2, 1.0, 0.55)
+    mcmc = MCMC(nsg.SGLD(logistic_model, schedule), num_warmup=10, num_samples=20,
+                progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), *logistic_data, extra_fields=("step_size",))
+    eps = mcmc.get_extra_fields()["step_size"]
+    # the draw after iteration t used ε_t, t = 10..29
+    np.testing.assert_allclose(eps, schedule(np.arange(10, 30.0)), rtol=1e-5)
+
+
+def test_divergence_is_detected_and_reported(linear_data):
+    # ε = 0.1 on a Gaussian posterior with variance 1e-3: |1 − ε·N/2| ≫ 1, the chain explodes
+    mcmc = MCMC(nsg.SGLD(linear_model, 0.1), num_warmup=0, num_samples=100, progress_bar=False)
+    with pytest.warns(nsg.DivergenceWarning, match=r"diverged at iteration \d+, i.e. sampling draw index \d+"):
+        mcmc.run(jax.random.PRNGKey(0), *linear_data)
+        jax.effects_barrier()
+    div = np.asarray(mcmc.get_extra_fields()["diverging"])
+    draws = np.asarray(mcmc.get_samples()["theta"])
+    assert div.any() and np.all(div[np.argmax(div):])  # sticky from the first divergence
+    assert np.all(np.isfinite(draws))  # never garbage: frozen at the last finite state
+    first = np.argmax(div)
+    np.testing.assert_array_equal(draws[first:], np.broadcast_to(draws[first], draws[first:].shape))
+
+
+def test_no_divergence_warning_for_a_sane_run(logistic_data):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", nsg.DivergenceWarning)
+        mcmc = _samples(KERNELS["sgld"](), logistic_data, chain_method="vectorized")
+        jax.effects_barrier()
+    assert not mcmc.get_extra_fields()["diverging"].any()
+
+
+def test_constrained_sites_and_deterministic(linear_data):
+    X, y = linear_data
+
+    def model(X, y=None):
+        theta = numpyro.sample("theta", dist.Normal(0, 2).expand([3]).to_event(1))
+        sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+        numpyro.deterministic("theta_sum", theta.sum())
+        with numpyro.plate("data", X.shape[0], subsample_size=100):
+            Xb = numpyro.subsample(X, event_dim=1)
+            yb = numpyro.subsample(y, event_dim=0)
+            numpyro.sample("y", dist.Normal(Xb @ theta, sigma), obs=yb)
+
+    mcmc = MCMC(nsg.SGLD(model, 1e-4), num_warmup=1000, num_samples=1000, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y)
+    s = mcmc.get_samples()
+    assert np.all(s["sigma"] > 0)
+    np.testing.assert_allclose(s["sigma"].mean(), 1.0, atol=0.1)  # data noise sd is 1
+    np.testing.assert_allclose(s["theta_sum"], s["theta"].sum(-1), rtol=1e-5)
+
+
+def test_kernel_subsample_size_override(linear_data):
+    X, y = linear_data
+    kernel = nsg.SGLD(linear_model, 1e-4, variant="corrected", subsample_size=1000, replace=False)
+    mcmc = MCMC(kernel, num_warmup=10, num_samples=10, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("grad_noise_sd",))
+    assert kernel.plates[0].subsample_size == 1000
+    # the full data without replacement: no gradient noise at all
+    np.testing.assert_allclose(mcmc.get_extra_fields()["grad_noise_sd"], 0.0, atol=1e-6)
+
+
+def test_init_params_and_init_strategy(logistic_data):
+    init = {"theta": jnp.array([0.5, 0.5, 0.5])}
+    mcmc = MCMC(nsg.SGLD(logistic_model, 1e-9), num_warmup=0, num_samples=2, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), *logistic_data, init_params=init)
+    np.testing.assert_allclose(mcmc.get_samples()["theta"], 0.5, atol=1e-3)
+    kernel = nsg.SGBD(logistic_model, 1e-9, init_strategy=init_to_value(values={"theta": jnp.ones(3)}))
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=2, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), *logistic_data)
+    np.testing.assert_allclose(mcmc.get_samples()["theta"], 1.0, atol=1e-3)
+
+
+def test_diagnostics_string_and_model_property(logistic_data):
+    kernel = KERNELS["sgbd"]()
+    assert kernel.model is logistic_model and kernel.sample_field == "z"
+    state = kernel.init(jax.random.PRNGKey(0), 10, None, logistic_data, {})
+    assert "step size 2.00e-02" in kernel.get_diagnostics_str(state)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: nsg.SGLD(logistic_model, -1.0), "step_size must be positive"),
+        (lambda: nsg.SGLD(logistic_model, 1e-3, variant="fancy"), "variant must be one of"),
+        (lambda: nsg.SGLD(logistic_model, 1e-3, temperature=0.0), "temperature must be positive"),
+        (lambda: nsg.SGLD(logistic_model, 1e-3, variant="corrected", estimate_noise=False),
+         "needs estimate_noise"),
+        (lambda: nsg.SGBD(logistic_model, 0.0), "positive finite"),
+        (lambda: nsg.SGBD(logistic_model, 0.1, variant="wild"), "variant must be one of"),
+        (lambda: nsg.SGBD(logistic_model, 0.1, adapt_step_size="sometimes"), "adapt_step_size"),
+        (lambda: nsg.SGBD(logistic_model, 0.1, noise_ema_weight=0.0), "noise_ema_weight"),
+        (lambda: nsg.SGBD("not a model"), "must be a NumPyro model"),
+    ],
+)
+def test_bad_kernel_arguments(make, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        make()
+
+
+def test_per_coordinate_step_size_shape_is_checked(logistic_data):
+    with pytest.raises(ValueError, match=r"step_size has shape \(2,\).*3 unconstrained"):
+        _samples(nsg.SGBD(logistic_model, jnp.array([0.1, 0.1])), logistic_data, num_chains=1)
+    mcmc = _samples(nsg.SGBD(logistic_model, jnp.array([0.01, 0.02, 0.03])), logistic_data,
+                    num_chains=1)
+    np.testing.assert_allclose(mcmc.get_extra_fields()["step_size"][0], [0.01, 0.02, 0.03])
+
+
+def test_to_inference_data_uses_full_data(logistic_data):
+    X, y = logistic_data
+    mcmc = _samples(KERNELS["sgbd"](), logistic_data)
+    idata = nsg.to_inference_data(mcmc, log_likelihood=True)
+    assert idata.observed_data["y"].shape == (500,)
+    np.testing.assert_array_equal(idata.observed_data["y"], y)
+    assert idata.log_likelihood["y"].shape == (2, 100, 500)
+    assert set(idata.sample_stats.data_vars) >= {"diverging", "step_size", "grad_noise_sd"}
+    assert idata.posterior["theta"].shape == (2, 100, 3)
+    assert "theta[0]" in az.summary(idata).index
+    with pytest.raises(TypeError, match="numpyro_sg kernel"):
+        nsg.to_inference_data(MCMC(numpyro.infer.NUTS(logistic_model), num_warmup=1, num_samples=1))
+
+
+def test_demo_runs(capsys):
+    from numpyro_sg.cli import main
+
+    main(["demo", "--num-data", "5000", "--num-warmup", "200", "--num-samples", "200",
+          "--subsample-size", "100", "--no-progress-bar"])
+    out = capsys.readouterr().out
+    assert "SGBD (corrected)" in out and "SGLD (corrected)" in out and "r_hat" in out
