@@ -103,20 +103,27 @@ def _plates_of(site) -> list[str]:
     return [frame.name for frame in site.get("cond_indep_stack", [])]
 
 
+def _subsample_plates_in(tr) -> dict:
+    """``{name: (N, n)}`` for the plates of a trace declared with a ``subsample_size``.
+
+    A plate declared with ``subsample_size=N`` counts (it runs full-batch until a kernel's
+    ``subsample_size`` says otherwise); a plate without ``subsample_size`` does not, since the
+    model then indexes its data directly.
+    """
+    out = {}
+    for name, site in tr.items():
+        if site["type"] == "plate" and site["args"][1] is not None:
+            out[name] = (int(site["args"][0]), int(site["args"][1]))
+    return out
+
+
 def find_subsample_plates(model: Callable, model_args=(), model_kwargs=None) -> dict:
     """Return ``{plate_name: (N, n)}`` for every plate of ``model`` that subsamples its data.
 
     The model is traced once with a fixed seed (a plate's own subsample draw costs O(N) here,
     once).
     """
-    tr = _trace_model(model, model_args, model_kwargs)
-    out = {}
-    for name, site in tr.items():
-        if site["type"] == "plate":
-            size, sub = site["args"]
-            if sub is not None and sub != size:
-                out[name] = (int(size), int(sub))
-    return out
+    return _subsample_plates_in(_trace_model(model, model_args, model_kwargs))
 
 
 def _resolve_subsample_size(name, size, model_n, override):
@@ -202,15 +209,13 @@ def discover_plates(model, model_args, model_kwargs, subsample_size=None, check_
     latent site sits inside a subsample plate, or (``check_data``) when the data are not finite.
     """
     tr = _trace_model(model, model_args, model_kwargs)
-    found = {}
-    for name, site in tr.items():
-        if site["type"] == "plate":
-            size, sub = site["args"]
-            if sub is not None and sub != size:
-                found[name] = (int(size), int(sub))
+    found = _subsample_plates_in(tr)
     if not found:
+        plain = [name for name, site in tr.items() if site["type"] == "plate"]
         raise ValueError(
-            "The model has no subsample plate. Put the likelihood inside "
+            "The model has no subsample plate"
+            + (f" (its plates {plain} have no subsample_size)" if plain else "")
+            + ". Put the likelihood inside "
             "`with numpyro.plate('data', N, subsample_size=n):` and pick the mini-batch with "
             "`numpyro.subsample(X, event_dim=...)`; the kernels then draw their own indices."
         )

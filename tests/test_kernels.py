@@ -208,6 +208,16 @@ def test_per_coordinate_step_size_shape_is_checked(logistic_data):
     np.testing.assert_allclose(mcmc.get_extra_fields()["step_size"][0], [0.01, 0.02, 0.03])
 
 
+def test_sgld_per_coordinate_step_size(logistic_data):
+    with pytest.raises(ValueError, match=r"step_size has shape \(2,\).*3 unconstrained"):
+        _samples(nsg.SGLD(logistic_model, jnp.array([1e-3, 1e-3])), logistic_data, num_chains=1)
+    eps = jnp.array([1e-3, 0.0, 2e-3])  # ε_j = 0 freezes coordinate j
+    kernel = nsg.SGLD(logistic_model, eps + jnp.array([0.0, 1e-12, 0.0]))
+    mcmc = _samples(kernel, logistic_data, num_chains=1)
+    theta = mcmc.get_samples()["theta"]
+    assert np.ptp(theta[:, 1]) < 1e-4 < np.ptp(theta[:, 0])
+
+
 def test_to_inference_data_uses_full_data(logistic_data):
     X, y = logistic_data
     mcmc = _samples(KERNELS["sgbd"](), logistic_data)

@@ -143,8 +143,17 @@ def test_error_no_subsample_plate(logistic_data):
         with numpyro.plate("data", X.shape[0]):
             numpyro.sample("y", dist.Bernoulli(logits=X @ theta), obs=y)
 
-    with pytest.raises(ValueError, match="no subsample plate"):
+    with pytest.raises(ValueError, match=r"no subsample plate \(its plates \['data'\] have no"):
         _run(nsg.SGLD(model, 1e-3), X, y)
+
+
+def test_plate_declared_full_size_is_a_subsample_plate(logistic_data):
+    X, y = logistic_data
+    assert find_subsample_plates(logistic_model, (X, y), {"subsample_size": 500}) == {
+        "data": (500, 500)
+    }
+    plates = discover_plates(logistic_model, (X, y), {"subsample_size": 500}, subsample_size=25)
+    assert plates[0].subsample_size == 25
 
 
 @pytest.mark.parametrize("size", [0, 501, -3])

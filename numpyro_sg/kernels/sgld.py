@@ -68,7 +68,7 @@ class SGLDState(NamedTuple):
     ``i`` iteration counter (warmup included); ``z`` unconstrained parameters (dict);
     ``z_grad`` the stochastic gradient ĝ at ``z`` (flat); ``grad_noise_sd`` the EMA τ̂ of the
     gradient-noise sd per coordinate (NaN when not estimated); ``step_size`` the ε that
-    produced ``z``; ``diverging`` True from the first non-finite state or gradient on.
+    produced ``z`` (per coordinate when given as an array); ``diverging`` True from the first non-finite state or gradient on.
     """
 
     i: Any
@@ -91,7 +91,9 @@ class SGLD(SGKernel):
     on NumPyro's unconstrained space.
 
     :param model: NumPyro model with a subsample plate.
-    :param step_size: ε > 0, or a callable schedule.
+    :param step_size: ε > 0: a float, an array with one entry per unconstrained coordinate
+        (a constant diagonal preconditioner, θ'_j = θ_j + (ε_j/2)·ĝ_j + N(0, ε_j·τ), for
+        posteriors whose coordinates have very different scales), or a callable schedule.
     :param str variant: ``"vanilla"`` or ``"corrected"``.
     :param float temperature: τ (default 1).
     :param bool estimate_noise: compute τ̂ from per-datum gradients (default: only when the
@@ -138,7 +140,13 @@ class SGLD(SGKernel):
         return jnp.asarray(self.step_size, dtype=jnp.result_type(float))
 
     def _init_extra(self, flat, noise_sd):
-        return dict(step_size=self._step_size_at(0))
+        eps = self._step_size_at(0)
+        if eps.ndim > 1 or (eps.ndim == 1 and eps.shape != flat.shape):
+            raise ValueError(
+                f"step_size has shape {eps.shape} but the model has {flat.shape[0]} "
+                "unconstrained coordinates."
+            )
+        return dict(step_size=eps)
 
     def _update(self, state, flat, key):
         eps = self._step_size_at(state.i)
