@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import random
 from jax.flatten_util import ravel_pytree
+from numpyro.distributions.distribution import validation_enabled
 from numpyro.handlers import seed, trace
 from numpyro.infer.util import potential_energy
 from numpyro.primitives import Messenger
@@ -95,8 +96,20 @@ def full_data(model: Callable, plates) -> Callable:
     return with_indices(model, {p.name: jnp.arange(p.size) for p in plates})
 
 
+class _first_indices(Messenger):
+    """Handler filling every subsample plate with indices 0..n−1 (skips NumPyro's O(N) draw)."""
+
+    def process_message(self, msg):
+        if msg["type"] == "plate" and msg["value"] is None:
+            msg["value"] = jnp.arange(msg["args"][1])
+
+
 def _trace_model(model, model_args, model_kwargs, rng_seed=0):
-    return trace(seed(model, rng_seed=rng_seed)).get_trace(*model_args, **(model_kwargs or {}))
+    # Distribution validation off: bad data must reach our checks, which name the argument.
+    with validation_enabled(False):
+        return trace(_first_indices(seed(model, rng_seed=rng_seed))).get_trace(
+            *model_args, **(model_kwargs or {})
+        )
 
 
 def _plates_of(site) -> list[str]:
@@ -120,8 +133,7 @@ def _subsample_plates_in(tr) -> dict:
 def find_subsample_plates(model: Callable, model_args=(), model_kwargs=None) -> dict:
     """Return ``{plate_name: (N, n)}`` for every plate of ``model`` that subsamples its data.
 
-    The model is traced once with a fixed seed (a plate's own subsample draw costs O(N) here,
-    once).
+    The model is traced once, with the first n indices in each subsample plate.
     """
     return _subsample_plates_in(_trace_model(model, model_args, model_kwargs))
 
@@ -258,8 +270,17 @@ class BatchState(NamedTuple):
 
 
 def draw_with_replacement(key, size: int, n: int):
-    """n indices uniform on {0..N−1}, with replacement: O(n)."""
-    return random.randint(key, (n,), 0, size, dtype=jnp.int32)
+    """n indices uniform on {0..N−1}, with replacement: O(n).
+
+    For N > 2¹⁶ this draws one set of 32 random bits per index and reduces it modulo N — the
+    same indices ``random.randint`` returns, without the second set of bits that ``randint``
+    draws and then multiplies by a constant that is 0 for such N (XLA does not always remove
+    that dead work, and drawing the bits is about half the cost of a cheap SG step).
+    """
+    if size <= 2**16:
+        return random.randint(key, (n,), 0, size, dtype=jnp.int32)
+    _, key_bits = random.split(key)
+    return (random.bits(key_bits, (n,), jnp.uint32) % jnp.uint32(size)).astype(jnp.int32)
 
 
 def draw_without_replacement(key, batch: BatchState, n: int):
