@@ -29,6 +29,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+from functools import partial
 import json
 import os
 import platform
@@ -108,39 +109,21 @@ def run_numpyro_sg(key, X, y, T, batch, theta0):
 # --------------------------------------------------------------------------------------------
 # 2. hand-written lax.scan SGLD
 # --------------------------------------------------------------------------------------------
-def make_handwritten(T, batch):
-    def run(key, theta0, X, y):
-        N = X.shape[0]
-
-        def log_post(theta, Xb, yb):
-            z = Xb @ theta
-            return log_prior(theta) + (N / batch) * jnp.sum(yb * z - jax.nn.softplus(z))
-
-        grad_fn = jax.grad(log_post)
-
-        def step(carry, _):
-            theta, key = carry
-            key, k_idx, k_noise = random.split(key, 3)
-            idx = random.randint(k_idx, (batch,), 0, N)
-            g = grad_fn(theta, X[idx], y[idx])
-            xi = random.normal(k_noise, theta.shape, theta.dtype)
-            theta = theta + 0.5 * STEP_SIZE * g + jnp.sqrt(STEP_SIZE) * xi
-            return (theta, key), theta
-
-        _, draws = lax.scan(step, (theta0, key), None, length=T)
-        return draws
-
-    return run
+def randint_indices(key, batch, N):
+    """The peers' way: ``random.randint`` (two threefry passes, one of them dead for N > 2¹⁶)."""
+    return random.randint(key, (batch,), 0, N)
 
 
-def make_handwritten_onepass(T, batch):
-    """Hand-written loop whose indices come from one threefry pass (``--onepass``, not a peer).
-
-    For N > 2¹⁶, ``random.randint(key, (n,), 0, N)`` equals ``random.bits(k2, (n,)) % N`` with
+def onepass_indices(key, batch, N):
+    """For N > 2¹⁶, ``random.randint(key, (n,), 0, N)`` equals ``random.bits(k2, (n,)) % N`` with
     ``k1, k2 = random.split(key)`` bit for bit: randint's "higher bits" are multiplied by
-    (2¹⁶ mod N)² mod 2³², which is 0, so they are drawn for nothing unless XLA manages to
-    constant-fold them away.  This variant skips them explicitly.
-    """
+    (2¹⁶ mod N)² mod 2³², which is 0, so they are drawn for nothing.  This skips them."""
+    _, k_lo = random.split(key)
+    return (random.bits(k_lo, (batch,), jnp.uint32) % jnp.uint32(N)).astype(jnp.int32)
+
+
+def make_handwritten(T, batch, draw_indices=randint_indices):
+    """Hand-written jitted ``lax.scan`` SGLD; ``draw_indices=onepass_indices`` for ``--onepass``."""
 
     def run(key, theta0, X, y):
         N = X.shape[0]
@@ -154,8 +137,7 @@ def make_handwritten_onepass(T, batch):
         def step(carry, _):
             theta, key = carry
             key, k_idx, k_noise = random.split(key, 3)
-            _, k_lo = random.split(k_idx)
-            idx = (random.bits(k_lo, (batch,), jnp.uint32) % jnp.uint32(N)).astype(jnp.int32)
+            idx = draw_indices(k_idx, batch, N)
             g = grad_fn(theta, X[idx], y[idx])
             xi = random.normal(k_noise, theta.shape, theta.dtype)
             theta = theta + 0.5 * STEP_SIZE * g + jnp.sqrt(STEP_SIZE) * xi
@@ -320,7 +302,8 @@ def main(argv=None):
     if N <= 2**16 and args.onepass:
         ap.error("--onepass needs N > 65,536")
     methods = METHODS + ([("handwritten_onepass", "hand-written, 1-pass idx",
-                           make_handwritten_onepass)] if args.onepass else [])
+                           partial(make_handwritten, draw_indices=onepass_indices))]
+                         if args.onepass else [])
     if not 0 < T_short < T_long:
         ap.error("need 0 < short < iterations")
     if repeats < 1:

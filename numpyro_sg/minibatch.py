@@ -34,6 +34,9 @@ from numpyro.primitives import Messenger
 __all__ = [
     "SubsamplePlate",
     "find_subsample_plates",
+    "discover_plates",
+    "draw_with_replacement",
+    "draw_without_replacement",
     "with_indices",
     "full_data",
     "Minibatcher",

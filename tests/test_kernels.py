@@ -239,3 +239,15 @@ def test_demo_runs(capsys):
           "--subsample-size", "100", "--no-progress-bar"])
     out = capsys.readouterr().out
     assert "SGBD (corrected)" in out and "SGLD (corrected)" in out and "r_hat" in out
+
+
+def test_example_script_runs(tmp_path, capsys):
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "logistic_regression.py"
+    module = runpy.run_path(str(script))
+    out = tmp_path / "trace.png"
+    module["main"](["--num-data", "4000", "--num-samples", "200", "--out", str(out)])
+    assert out.stat().st_size > 10_000
+    assert "c-SGBD" in capsys.readouterr().out

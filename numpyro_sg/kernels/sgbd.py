@@ -168,10 +168,6 @@ class SGBD(SGKernel):
             )
         self._needs_single_plate = self.estimate_noise
 
-    @property
-    def default_fields(self):
-        return ("z", "diverging")
-
     def _initial_sigma(self, flat):
         if self.step_size.ndim == 1 and self.step_size.shape != flat.shape:
             raise ValueError(

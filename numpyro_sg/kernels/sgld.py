@@ -25,7 +25,6 @@ __all__ = [
     "polynomial_schedule",
     "sgld_update",
     "corrected_noise_variance",
-    "ema",
 ]
 
 
@@ -129,10 +128,6 @@ class SGLD(SGKernel):
         if variant == "corrected" and not self.estimate_noise:
             raise ValueError("variant='corrected' needs estimate_noise=True.")
         self._needs_single_plate = self.estimate_noise
-
-    @property
-    def default_fields(self):
-        return ("z", "diverging")
 
     def _step_size_at(self, t):
         if callable(self.step_size):
