@@ -22,7 +22,7 @@ diverging iteration), and ``postprocess_fn`` through the full-data model.
 from __future__ import annotations
 
 import warnings
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import jax
 import jax.numpy as jnp

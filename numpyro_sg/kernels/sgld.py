@@ -17,7 +17,7 @@ from typing import Any, Callable, NamedTuple
 import jax.numpy as jnp
 from jax import random
 
-from numpyro_sg.kernels.base import SGKernel, ema
+from numpyro_sg.kernels.base import SGKernel
 
 __all__ = [
     "SGLD",
