@@ -1,16 +1,30 @@
-"""numpyro_sg: stochastic-gradient MCMC kernels for NumPyro, with ArviZ output."""
+"""numpyro_sg: stochastic-gradient MCMC kernels for NumPyro, with ArviZ output and KSD."""
 
-from numpyro_sg.kernels import SGBD, SGLD, DivergenceWarning, polynomial_schedule
-from numpyro_sg.arviz import to_inference_data
+from numpyro_sg.kernels import ESGLD, SGBD, SGLD, DivergenceWarning, polynomial_schedule
+from numpyro_sg.arviz import summary, to_inference_data
+from numpyro_sg.diagnostics.fssd import fssd
+from numpyro_sg.diagnostics.ksd import ksd, ksd_path, ksd_per_coordinate
+from numpyro_sg.diagnostics.plots import plot_ksd_path
 from numpyro_sg.minibatch import find_subsample_plates
+from numpyro_sg.reference import compare, nuts_reference, plot_compare
 
 __version__ = "0.1.0"
 
 __all__ = [
     "SGLD",
     "SGBD",
+    "ESGLD",
     "DivergenceWarning",
     "polynomial_schedule",
     "find_subsample_plates",
     "to_inference_data",
+    "summary",
+    "ksd",
+    "ksd_path",
+    "ksd_per_coordinate",
+    "fssd",
+    "plot_ksd_path",
+    "nuts_reference",
+    "compare",
+    "plot_compare",
 ]

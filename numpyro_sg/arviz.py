@@ -1,20 +1,36 @@
-"""Conversion of ``numpyro_sg`` runs to ArviZ ``InferenceData``.
+"""ArviZ output: :func:`to_inference_data` (with KSD) and :func:`summary`.
 
 ``az.from_numpyro`` on a subsample model stores a random mini-batch as ``observed_data`` and
 cannot build the ``log_likelihood`` group.  :func:`to_inference_data` converts through a view of
-the run whose model has every subsample plate switched to its full data.
+the run whose model has every subsample plate switched to its full data, and adds the kernel
+Stein discrepancy of the run (full-data scores) to ``sample_stats``.
 """
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import arviz as az
+import jax
+import numpy as np
+import pandas as pd
+from numpyro import handlers
 
-from numpyro_sg.kernels.base import SGKernel
-from numpyro_sg.minibatch import full_data
+from numpyro_sg.diagnostics.model_scores import (
+    STEIN_GROUP,
+    ModelScores,
+    _full_data_model,
+    ksd_of_stein,
+    resolve_run_scales,
+    run_model,
+    run_samples,
+    stein_dataset,
+)
 
-__all__ = ["to_inference_data"]
+__all__ = ["to_inference_data", "summary"]
+
+_KSD_OPTIONS = ("c", "beta", "statistic", "block_size")
 
 
 class _FullDataView:
@@ -28,20 +44,242 @@ class _FullDataView:
         return getattr(self._mcmc, name)
 
 
-def to_inference_data(mcmc, log_likelihood: bool = False, **kwargs) -> az.InferenceData:
-    """``arviz.InferenceData`` of a run of a ``numpyro_sg`` kernel.
+def _observed_size(model, model_args, model_kwargs) -> int:
+    """Number of scalar log-likelihood terms of the model's observed sites (full data)."""
 
-    The posterior holds constrained values; ``sample_stats`` holds the collected extra fields
-    (``diverging``, ``step_size``, ``grad_noise_sd``, …); ``observed_data`` (and, with
-    ``log_likelihood=True``, the ``log_likelihood`` group) are over the full data, not a
-    mini-batch.  Further keyword arguments go to :func:`arviz.from_numpyro`
-    (``coords``, ``dims``, …).
-    """
-    sampler = mcmc.sampler
-    if not isinstance(sampler, SGKernel) or sampler.plates is None:
-        raise TypeError(
-            "to_inference_data expects an MCMC object that has run a numpyro_sg kernel; "
-            f"got a sampler of type {type(sampler).__name__}."
+    def sizes():
+        tr = handlers.trace(handlers.seed(model, 0)).get_trace(*model_args, **model_kwargs)
+        return {
+            name: site["fn"].log_prob(site["value"])
+            for name, site in tr.items()
+            if site["type"] == "sample" and site["is_observed"]
+        }
+
+    shapes = jax.eval_shape(sizes)
+    return int(sum(math.prod(s.shape) for s in shapes.values()))
+
+
+def _check_log_likelihood_size(num_samples, model, model_args, model_kwargs, limit_gb):
+    need_gb = 8 * num_samples * _observed_size(model, model_args, model_kwargs) / 1e9
+    if limit_gb is not None and need_gb > limit_gb:
+        raise MemoryError(
+            f"the full-data log_likelihood group needs about {need_gb:.2f} GB "
+            f"({num_samples} draws × the observations × 8 bytes, and as much again while it "
+            f"is computed), above log_likelihood_limit_gb={limit_gb}. Raise the limit, or "
+            "thin the run (MCMC(..., thinning=k)) before converting."
         )
-    view = _FullDataView(mcmc, full_data(sampler.model, sampler.plates))
-    return az.from_numpyro(view, log_likelihood=log_likelihood, **kwargs)
+
+
+def _cast_discrete(idata, discrete_sites):
+    """Indicator sites as integers (a kernel may carry them as floats)."""
+    for name in discrete_sites:
+        if name in idata.posterior:
+            idata.posterior[name] = idata.posterior[name].round().astype(np.int64)
+
+
+def _name_coordinate_dims(idata, coordinate_names):
+    """Put per-coordinate sample_stats (``grad_noise_sd``, ``step_size``, …) on a named dim."""
+    stats = idata.sample_stats
+    old_dims = set()
+    for name, var in list(stats.data_vars.items()):
+        if var.ndim == 3 and var.shape[-1] == len(coordinate_names):
+            old_dims.add(var.dims[-1])
+            stats[name] = var.rename({var.dims[-1]: "coordinate"}).drop_vars(
+                var.dims[-1], errors="ignore"
+            )
+    if old_dims:
+        stats = stats.drop_vars([d for d in old_dims if d in stats.coords])
+        idata.sample_stats = stats.assign_coords(coordinate=coordinate_names)
+
+
+def to_inference_data(
+    mcmc,
+    log_likelihood: bool = False,
+    ksd: bool = True,
+    *,
+    ksd_draws: int | None = 1000,
+    preconditioner="sd",
+    ksd_options: dict | None = None,
+    log_likelihood_limit_gb: float | None = 1.0,
+    sampling_time: float | None = None,
+    model=None,
+    model_args=None,
+    model_kwargs=None,
+    **kwargs,
+) -> az.InferenceData:
+    """``arviz.InferenceData`` of an MCMC run, with full-data observations and KSD.
+
+    Works for the ``numpyro_sg`` kernels and for any NumPyro kernel (NUTS too).
+
+    * ``posterior``: constrained values; discrete indicator sites as integers.
+    * ``sample_stats``: the collected extra fields (``diverging``, ``step_size``,
+      ``grad_noise_sd``, …; per-coordinate fields on a ``coordinate`` dim named after the
+      unconstrained coordinates) and, with ``ksd=True``, ``ksd`` per chain (dims ``chain``).
+      ``sample_stats.attrs`` hold the pooled KSD (``ksd``), the ``ksd_preconditioner``, its
+      ``ksd_scales``, the kernel settings (``ksd_c``, ``ksd_beta``, ``ksd_statistic``),
+      ``ksd_draws_per_chain`` and ``ksd_seconds`` (the time the scores and KSD took).
+    * ``stein``: the scored draws (``unconstrained`` and ``score``, dims
+      ``(chain, draw, coordinate)``) and ``ksd_per_coordinate``, so that
+      :func:`numpyro_sg.ksd`, :func:`numpyro_sg.summary` and :func:`numpyro_sg.compare`
+      recompute KSD with another preconditioner without the model.
+    * ``observed_data`` (and, with ``log_likelihood=True``, ``log_likelihood``, so that
+      ``az.loo`` works) over the full data, not a mini-batch.
+
+    KSD uses full-data scores on the unconstrained space at ``ksd_draws`` evenly thinned draws
+    per chain (default 1,000; ``None`` for all), so conversion stays quick when scores are
+    costly. The per-chain values use the pooled scale so they are comparable.
+
+    :param mcmc: a ``numpyro.infer.MCMC`` object after ``run``.
+    :param bool log_likelihood: add the full-data pointwise ``log_likelihood`` group.
+    :param bool ksd: compute the KSD (default ``True``).
+    :param preconditioner: ``"sd"`` (default), ``"laplace"``, an array of per-coordinate
+        scales, or ``None`` (the papers' raw form); see :func:`numpyro_sg.ksd`.
+    :param dict ksd_options: further options of :func:`numpyro_sg.ksd` (``c``, ``beta``,
+        ``statistic``, ``block_size``).
+    :param log_likelihood_limit_gb: refuse a ``log_likelihood`` group estimated above this
+        size (``None``: no limit).
+    :param sampling_time: wall time of ``mcmc.run`` in seconds, stored as
+        ``posterior.attrs["sampling_time"]`` (ArviZ's convention) and used for ESS per second
+        by :func:`numpyro_sg.compare`.
+    :param model, model_args, model_kwargs: override the model and data the run used.
+    :param kwargs: passed to :func:`arviz.from_numpyro` (``coords``, ``dims``, …).
+    """
+    import time
+
+    if not hasattr(mcmc, "get_samples") or not hasattr(mcmc, "sampler"):
+        raise TypeError(
+            f"to_inference_data expects a numpyro.infer.MCMC object, got {type(mcmc).__name__}."
+        )
+    if getattr(mcmc, "_states", None) is None:
+        raise ValueError("the MCMC object has no draws yet: call mcmc.run(...) first.")
+    ksd_options = dict(ksd_options or {})
+    unknown = set(ksd_options) - set(_KSD_OPTIONS)
+    if unknown:
+        raise TypeError(f"unknown ksd_options {sorted(unknown)}; allowed: {list(_KSD_OPTIONS)}.")
+    model, model_args, model_kwargs = run_model(mcmc, model, model_args, model_kwargs)
+    full_model = _full_data_model(model, model_args, model_kwargs)
+    if log_likelihood:
+        num_samples = next(iter(mcmc.get_samples().values())).shape[0]  # chains × draws
+        _check_log_likelihood_size(
+            num_samples, full_model, model_args, model_kwargs, log_likelihood_limit_gb
+        )
+    view = _FullDataView(mcmc, full_model)
+    view._args, view._kwargs = model_args, model_kwargs
+    idata = az.from_numpyro(view, log_likelihood=log_likelihood, **kwargs)
+    if sampling_time is not None:
+        idata.posterior.attrs["sampling_time"] = float(sampling_time)
+
+    scores = ModelScores(model, model_args, model_kwargs)
+    _cast_discrete(idata, scores.discrete_sites)
+    if "sample_stats" in idata.groups():
+        _name_coordinate_dims(idata, scores.coordinate_names)
+    if ksd:
+        start = time.perf_counter()
+        stein = stein_dataset(run_samples(mcmc), scores, ksd_draws)
+        scales = resolve_run_scales(preconditioner, stein, scores)
+        _attach_ksd(idata, stein, scales, preconditioner, ksd_options)
+        idata.sample_stats.attrs["ksd_seconds"] = time.perf_counter() - start
+    return idata
+
+
+def _preconditioner_name(preconditioner) -> str:
+    if preconditioner is None:
+        return "none"
+    return preconditioner if isinstance(preconditioner, str) else "array"
+
+
+def _attach_ksd(idata, stein, scales, preconditioner, options):
+    """Per-chain ``ksd`` into sample_stats, pooled KSD and settings into attrs, ``stein`` group."""
+    import xarray as xr
+
+    per_chain = ksd_of_stein(stein, scales, per_chain=True, **options)
+    pooled = ksd_of_stein(stein, scales, **options)
+    per_coord = ksd_of_stein(stein, scales, per_coordinate=True, **options)
+    stein = stein.assign(ksd_per_coordinate=("coordinate", np.asarray(per_coord)))
+    if "sample_stats" not in idata.groups():
+        idata.add_groups(sample_stats=xr.Dataset(coords={"chain": idata.posterior.chain}))
+    chains = idata.sample_stats["chain"].values
+    idata.sample_stats["ksd"] = xr.DataArray(per_chain, dims=("chain",), coords={"chain": chains})
+    attrs = {
+        "ksd": float(pooled),
+        "ksd_preconditioner": _preconditioner_name(preconditioner),
+        "ksd_scales": np.ones(stein.sizes["coordinate"]) if scales is None else np.asarray(scales, float),
+        "ksd_c": float(options.get("c", 1.0)),
+        "ksd_beta": float(options.get("beta", -0.5)),
+        "ksd_statistic": str(options.get("statistic", "v")),
+        "ksd_draws_per_chain": int(stein.sizes["draw"]),
+    }
+    idata.sample_stats.attrs.update(attrs)
+    stein = stein.assign_coords(chain=chains)
+    stein.attrs.update({k: v for k, v in attrs.items() if k != "ksd"})
+    if STEIN_GROUP in idata.groups():
+        del idata[STEIN_GROUP]
+    idata.add_groups({STEIN_GROUP: stein}, warn_on_custom_groups=False)
+
+
+def _indicator_vars(idata) -> list[str]:
+    """Posterior variables whose values are all 0/1 integers (model indicators)."""
+    out = []
+    for name, var in idata.posterior.data_vars.items():
+        if np.issubdtype(var.dtype, np.integer) or np.issubdtype(var.dtype, np.bool_):
+            vals = np.unique(var.values)
+            if np.all(np.isin(vals, (0, 1))):
+                out.append(name)
+    return out
+
+
+def summary(
+    idata,
+    *,
+    preconditioner=None,
+    model=None,
+    model_args=None,
+    model_kwargs=None,
+    **kwargs,
+) -> pd.DataFrame:
+    """``az.summary`` of the posterior plus a per-coordinate ``ksd`` column and, for indicator
+    sites, an ``inclusion_prob`` column.
+
+    ``ksd`` is paper 000's per-coordinate KSD term √(V_j) of each unconstrained coordinate
+    (their sum is the per-coordinate KSD), shown on the row of the matching posterior entry
+    (``theta[3]``; a positive site's row shows the KSD of its log). Rows with no matching
+    coordinate (deterministic sites, indicators, sites whose unconstrained shape differs, such
+    as a simplex) show NaN. ``inclusion_prob`` is the posterior mean of each 0/1 indicator
+    (the marginal inclusion probability).
+
+    :param idata: an ``InferenceData`` from :func:`to_inference_data` (its ``stein`` group is
+        used), or any ``InferenceData``/``MCMC`` together with ``model=`` and its arguments.
+    :param preconditioner: recompute the KSD column with this preconditioner (default: the
+        one the ``InferenceData`` was made with).
+    :param kwargs: passed to :func:`arviz.summary` (``var_names``, ``hdi_prob``, …).
+    """
+    from numpyro_sg.diagnostics.model_scores import _stein_of
+
+    if hasattr(idata, "get_samples"):  # an MCMC object
+        idata = to_inference_data(
+            idata, model=model, model_args=model_args, model_kwargs=model_kwargs,
+            preconditioner="sd" if preconditioner is None else preconditioner,
+        )
+    table = az.summary(idata, **kwargs)
+    has_stein = STEIN_GROUP in idata.groups()
+    if has_stein or model is not None:
+        stein, scores = _stein_of(idata, model, model_args, model_kwargs, None)
+        if preconditioner is None and "ksd_per_coordinate" in stein:
+            per_coord = np.asarray(stein["ksd_per_coordinate"].values)
+        else:
+            precond = "sd" if preconditioner is None else preconditioner
+            scales = resolve_run_scales(precond, stein, scores)
+            per_coord = np.asarray(ksd_of_stein(stein, scales, per_coordinate=True))
+        names = [str(n) for n in stein["coordinate"].values]
+        table["ksd"] = pd.Series(dict(zip(names, per_coord))).reindex(table.index)
+    indicators = _indicator_vars(idata)
+    if indicators:
+        probs = {}
+        for name in indicators:
+            mean = idata.posterior[name].mean(("chain", "draw")).values
+            if mean.ndim == 0:
+                probs[name] = float(mean)
+            for idx in np.ndindex(*mean.shape) if mean.ndim else ():
+                probs[f"{name}[{', '.join(str(i) for i in idx)}]"] = float(mean[idx])
+        table["inclusion_prob"] = pd.Series(probs).reindex(table.index)
+    return table

@@ -8,8 +8,10 @@ import time
 
 
 def demo(num_data=100_000, dim=10, subsample_size=5000, num_warmup=1500, num_samples=2000,
-         num_chains=2, seed=0, progress_bar=True, out=print):
-    """Simulate a logistic regression, run SGBD and SGLD on it, print an ArviZ summary of each."""
+         num_chains=2, seed=0, progress_bar=True, out=print, nuts=True, nuts_samples=1000,
+         cache_dir=None):
+    """Simulate a logistic regression, run SGBD and SGLD on it, print an ArviZ summary of each
+    with its KSD; then run NUTS on the full data and compare both runs with it."""
     import arviz as az
     import jax
     import numpy as np
@@ -42,9 +44,10 @@ def demo(num_data=100_000, dim=10, subsample_size=5000, num_warmup=1500, num_sam
         fields = ("step_size",) + (("frac_past_breaking_point",) if "SGBD" in name else ())
         mcmc.run(jax.random.PRNGKey(seed + i), X, y, subsample_size=subsample_size,
                  extra_fields=fields)
-        idata = nsg.to_inference_data(mcmc)
+        jax.block_until_ready(mcmc.get_samples())
         elapsed = time.perf_counter() - start
-        summary = az.summary(idata, var_names=["theta"])
+        idata = nsg.to_inference_data(mcmc, sampling_time=elapsed)
+        summary = nsg.summary(idata, var_names=["theta"])
         summary.insert(0, "true", np.asarray(theta_true))
         stats = idata.sample_stats
         out(f"\n{name}: {elapsed:.1f} s, mean step size {float(stats.step_size.mean()):.2e}"
@@ -52,15 +55,38 @@ def demo(num_data=100_000, dim=10, subsample_size=5000, num_warmup=1500, num_sam
                f"{float(stats.frac_past_breaking_point.mean()):.3f}"
                if "frac_past_breaking_point" in stats else "")
             + f", diverging draws {int(stats.diverging.sum())}")
+        out(f"KSD {stats.attrs['ksd']:.3g} (per chain {np.round(stats.ksd.values, 3).tolist()}; "
+            f"{stats.attrs['ksd_draws_per_chain']} draws per chain, full-data scores, "
+            f"preconditioner '{stats.attrs['ksd_preconditioner']}', {stats.attrs['ksd_seconds']:.1f} s)")
         out(summary.to_string())
         results[name] = idata
+    if not nuts:
+        return results
+    out(f"\nNUTS on the full data ({nuts_samples} warmup + {nuts_samples} draws, one chain) "
+        "as the ground truth:")
+    reference = nsg.nuts_reference(logistic_regression_model, X, y, num_warmup=nuts_samples,
+                                   num_samples=nuts_samples, cache_dir=cache_dir,
+                                   progress_bar=progress_bar, rng_key=jax.random.PRNGKey(seed))
+    out(f"NUTS: {reference.posterior.attrs['sampling_time']:.1f} s")
+    lines = []
+    for name, idata in results.items():
+        table = nsg.compare(idata, reference)
+        out(f"\n{name} vs NUTS:")
+        out(table[["mean_err", "sd_rel_err", "ess_per_s", "ref_ess_per_s"]].round(3).to_string())
+        lines.append(f"{name:18s}  xi(sd) = {100 * table.attrs['xi_sd']:5.1f}%   "
+                     f"KSD {table.attrs['ksd']:.3g} (NUTS {table.attrs['ksd_reference']:.3g})")
+    out("\nRelative sd error xi(sd) = ||sd - sd_NUTS|| / ||sd_NUTS||, and KSD of each run and "
+        "of the NUTS draws with one common scale (NUTS's sd):")
+    out("\n".join(lines))
+    results["NUTS"] = reference
     return results
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="numpyro-sg", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="simulate a logistic regression and run SGBD and SGLD on it")
+    p = sub.add_parser("demo", help="simulate a logistic regression, run SGBD and SGLD on it, "
+                       "report KSD and compare with NUTS")
     p.add_argument("--num-data", type=int, default=100_000)
     p.add_argument("--dim", type=int, default=10)
     p.add_argument("--subsample-size", type=int, default=5000)
@@ -69,11 +95,16 @@ def main(argv=None):
     p.add_argument("--num-chains", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress-bar", action="store_true")
+    p.add_argument("--no-nuts", action="store_true", help="skip the NUTS comparison")
+    p.add_argument("--nuts-samples", type=int, default=1000,
+                   help="NUTS warmup iterations and draws (default 1000 each)")
+    p.add_argument("--cache-dir", default=None, help="cache the NUTS reference here")
     args = parser.parse_args(argv)
     if args.command == "demo":
         start = time.perf_counter()
         demo(args.num_data, args.dim, args.subsample_size, args.num_warmup, args.num_samples,
-             args.num_chains, args.seed, progress_bar=not args.no_progress_bar)
+             args.num_chains, args.seed, progress_bar=not args.no_progress_bar,
+             nuts=not args.no_nuts, nuts_samples=args.nuts_samples, cache_dir=args.cache_dir)
         print(f"\nTotal: {time.perf_counter() - start:.1f} s")
     return 0
 

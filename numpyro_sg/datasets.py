@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
 
-__all__ = ["simulate_logistic_regression", "logistic_regression_model"]
+__all__ = [
+    "simulate_logistic_regression",
+    "logistic_regression_model",
+    "simulate_esgld_linear",
+    "simulate_esgld_logistic",
+    "esgld_linear_model",
+    "esgld_logistic_model",
+]
 
 
 def simulate_logistic_regression(num_data: int = 100_000, dim: int = 10, seed: int = 0):
@@ -30,3 +38,162 @@ def logistic_regression_model(X, y=None, subsample_size: int = 1000, prior_scale
         Xb = numpyro.subsample(X, event_dim=1)
         yb = numpyro.subsample(y, event_dim=0) if y is not None else None
         numpyro.sample("y", dist.Bernoulli(logits=Xb @ theta), obs=yb)
+
+
+# -------------------------------------------------------------------------------------------
+# ESGLD (paper 000): linear (Table 1) and logistic (Table S1) variable selection
+# -------------------------------------------------------------------------------------------
+def _equicorrelated_design(rng, num_data, num_features, correlation, dtype=np.float32):
+    """Rows z ~ N(0, Σ), Σ_jj = 1 and Σ_jk = ``correlation`` (a shared factor), built in chunks."""
+    X = np.empty((num_data, num_features), dtype=dtype)
+    a, b = np.sqrt(correlation), np.sqrt(1.0 - correlation)
+    chunk = max(1, 2_000_000 // max(num_features, 1))
+    for start in range(0, num_data, chunk):
+        stop = min(start + chunk, num_data)
+        e = rng.standard_normal((stop - start, 1))
+        X[start:stop] = (a * e + b * rng.standard_normal((stop - start, num_features))).astype(dtype)
+    return X
+
+
+def _esgld_true_beta(num_features, intercept):
+    beta = np.zeros(num_features + int(intercept), dtype=np.float32)
+    off = int(intercept)
+    beta[off : off + 5] = 1.0
+    beta[off + 5 : off + 8] = -1.0
+    return beta
+
+
+def simulate_esgld_linear(
+    num_data: int = 50_000,
+    num_features: int = 2000,
+    correlation: float = 0.5,
+    noise_sd: float = 1.0,
+    intercept: bool = True,
+    seed: int = 0,
+):
+    r"""Paper 000's linear example (Table 1, supp. §4.1, eq. S9).
+
+    y = z_1 + … + z_5 − z_6 − z_7 − z_8 + ε, ε ~ N(0, σ²) (σ = ``noise_sd``), the p
+    explanatory variables z ~ N(0, Σ) with all pairwise correlations ``correlation``.  With
+    ``intercept=True`` (the paper's set-up: the intercept is a candidate variable, true value
+    0) the first column of X is ones, so X has p + 1 columns.
+
+    Returns ``(X, y, beta_true)`` as float32 NumPy arrays (``beta_true`` has X's columns).
+    """
+    rng = np.random.default_rng(seed)
+    Z = _equicorrelated_design(rng, num_data, num_features, correlation)
+    beta = _esgld_true_beta(num_features, intercept)
+    if intercept:
+        X = np.empty((num_data, num_features + 1), np.float32)
+        X[:, 0] = 1.0
+        X[:, 1:] = Z
+        del Z
+    else:
+        X = Z
+    y = (X @ beta + noise_sd * rng.standard_normal(num_data)).astype(np.float32)
+    return X, y, beta
+
+
+def simulate_esgld_logistic(
+    num_data: int = 50_000,
+    num_features: int = 2000,
+    correlation: float = 0.5,
+    intercept: bool = True,
+    seed: int = 0,
+):
+    r"""Paper 000's logistic example (Table S1, supp. §4.2, eq. S12).
+
+    logit P(y = 1) = z_1 + … + z_5 − z_6 − z_7 − z_8, z as in :func:`simulate_esgld_linear`;
+    "half of the responses 1": cases (y = 1) and controls (y = 0) are drawn from the model
+    until there are N/2 of each (case-control sampling, which keeps the slopes of the
+    logistic model).  With ``intercept=True`` the first column of X is ones (true value 0).
+
+    Returns ``(X, y, beta_true)`` as float32 NumPy arrays.
+    """
+    rng = np.random.default_rng(seed)
+    beta = _esgld_true_beta(num_features, False)
+    half = num_data // 2
+    need = {1: half, 0: num_data - half}
+    parts = {0: [], 1: []}
+    while need[0] > 0 or need[1] > 0:
+        Z = _equicorrelated_design(rng, max(num_data // 2, 1000), num_features, correlation)
+        prob = 1.0 / (1.0 + np.exp(-(Z @ beta)))
+        yy = (rng.random(Z.shape[0]) < prob).astype(np.int8)
+        for label in (0, 1):
+            if need[label] > 0:
+                rows = Z[yy == label][: need[label]]
+                parts[label].append(rows)
+                need[label] -= rows.shape[0]
+    Z = np.concatenate(parts[1] + parts[0])
+    y = np.concatenate([np.ones(half, np.float32), np.zeros(num_data - half, np.float32)])
+    perm = rng.permutation(num_data)
+    Z, y = Z[perm], y[perm]
+    if intercept:
+        X = np.empty((num_data, num_features + 1), np.float32)
+        X[:, 0] = 1.0
+        X[:, 1:] = Z
+        del Z
+        beta = np.concatenate([np.zeros(1, np.float32), beta])
+    else:
+        X = Z
+    return X, y, beta
+
+
+def esgld_linear_model(
+    X,
+    y=None,
+    subsample_size: int = 200,
+    noise_sd: float = 1.0,
+    slab_var: float = 25.0,
+    spike_var: float = 0.025,
+    prior_inclusion: float | None = None,
+):
+    r"""Spike-and-slab linear regression with the priors of paper 000, supp. §4.1 (S10–S11).
+
+    γ_j ~ Bernoulli(λ) independently, λ = 1/P^1.1 by default (P = number of columns of X,
+    the intercept included: the paper's 1/(p+1)^1.1); θ_j | γ_j ~ N(0, σ1²) (slab,
+    ``slab_var`` = 25) or N(0, σ0²) (spike, ``spike_var`` = 0.025); β = θ·γ (deterministic
+    site ``beta``); y ~ N(X·β, σ²) with σ = ``noise_sd`` known.  The paper's truncation
+    size(γ) ≤ q is :class:`~numpyro_sg.ESGLD`'s ``max_model_size`` (q = 50).
+    """
+    N, P = X.shape
+    lam = 1.0 / P**1.1 if prior_inclusion is None else prior_inclusion
+    gamma = numpyro.sample("gamma", dist.Bernoulli(lam).expand([P]).to_event(1))
+    scale = jnp.where(gamma == 1, jnp.sqrt(slab_var), jnp.sqrt(spike_var))
+    theta = numpyro.sample("theta", dist.Normal(0.0, scale).to_event(1))
+    beta = numpyro.deterministic("beta", theta * gamma)
+    with numpyro.plate("data", N, subsample_size=min(subsample_size, N)):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = numpyro.subsample(y, event_dim=0) if y is not None else None
+        numpyro.sample("y", dist.Normal(Xb @ beta, noise_sd), obs=yb)
+
+
+def esgld_logistic_model(
+    X,
+    y=None,
+    subsample_size: int = 300,
+    c0: float = 10.0,
+    spike_var: float = 0.025,
+    prior_inclusion: float | None = None,
+):
+    r"""Spike-and-slab logistic regression with the priors of paper 000, supp. §4.2 (S13–S14).
+
+    γ_j ~ Bernoulli(λ), λ = 1/(1 + P^0.5·√(2π)) by default (P columns of X, intercept
+    included: the paper's ζ = 0.5); θ_j | γ ~ N(0, σ_S²) on the model S = {j: γ_j = 1} with
+    σ_S² = exp(C0/size(S))/(2π) (C0 = ``c0`` = 10; size(S) ≥ 1 used for the empty model), and
+    N(0, σ0²) off it (``spike_var`` = 0.025); β = θ·γ (deterministic site ``beta``);
+    y ~ Bernoulli(logit = X·β).  The paper's truncation size(γ) ≤ q = 500 is
+    :class:`~numpyro_sg.ESGLD`'s ``max_model_size``.
+    """
+    N, P = X.shape
+    lam = 1.0 / (1.0 + np.sqrt(P) * np.sqrt(2 * np.pi)) if prior_inclusion is None else prior_inclusion
+    gamma = numpyro.sample("gamma", dist.Bernoulli(lam).expand([P]).to_event(1))
+    size = jnp.maximum(jnp.sum(gamma), 1)
+    slab_sd = jnp.sqrt(jnp.exp(c0 / size) / (2 * jnp.pi))
+    scale = jnp.where(gamma == 1, slab_sd, jnp.sqrt(spike_var))
+    theta = numpyro.sample("theta", dist.Normal(0.0, scale).to_event(1))
+    beta = numpyro.deterministic("beta", theta * gamma)
+    with numpyro.plate("data", N, subsample_size=min(subsample_size, N)):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = numpyro.subsample(y, event_dim=0) if y is not None else None
+        numpyro.sample("y", dist.Bernoulli(logits=Xb @ beta), obs=yb)

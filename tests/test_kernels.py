@@ -228,8 +228,10 @@ def test_to_inference_data_uses_full_data(logistic_data):
     assert set(idata.sample_stats.data_vars) >= {"diverging", "step_size", "grad_noise_sd"}
     assert idata.posterior["theta"].shape == (2, 100, 3)
     assert "theta[0]" in az.summary(idata).index
-    with pytest.raises(TypeError, match="numpyro_sg kernel"):
+    with pytest.raises(ValueError, match="call mcmc.run"):
         nsg.to_inference_data(MCMC(numpyro.infer.NUTS(logistic_model), num_warmup=1, num_samples=1))
+    with pytest.raises(TypeError, match="numpyro.infer.MCMC"):
+        nsg.to_inference_data(idata)
 
 
 def test_demo_runs(capsys):

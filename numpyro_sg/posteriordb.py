@@ -1,8 +1,9 @@
-"""Loader for the posteriordb reference posteriors kept in ``shared/reference/posteriordb``.
+"""Reference posteriors from a local copy of posteriordb (Stan NUTS draws).
 
-The folder sits beside the repository checkout (``<root>/main`` and ``<root>/shared``); the
-environment variable ``NUMPYRO_SG_POSTERIORDB`` overrides its location.  Layout (see the
-folder's README.md): ``posteriors/NAME.json`` names the data set, ``data/DATA.json.zip`` is a
+:func:`posteriordb_reference` turns a posterior's reference draws into an ``InferenceData``
+with the model's site names, ready for :func:`numpyro_sg.compare`.  The folder is given as
+``root=`` or by the environment variable ``NUMPYRO_SG_POSTERIORDB``; nothing is downloaded.
+Layout (posteriordb's): ``posteriors/NAME.json`` names the data set, ``data/DATA.json.zip`` is a
 zipped JSON object of the Stan data, ``draws/NAME.json.zip`` a zipped JSON list of chains, each
 a dict ``parameter -> list of draws`` with vector parameters named ``beta[1]``, ``beta[2]``, …
 """
@@ -17,21 +18,28 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["posteriordb_dir", "load_posteriordb", "load_data", "load_draws"]
+__all__ = [
+    "posteriordb_dir",
+    "load_posteriordb",
+    "load_data",
+    "load_draws",
+    "posteriordb_reference",
+]
 
 ENV_VAR = "NUMPYRO_SG_POSTERIORDB"
 _INDEXED = re.compile(r"^(?P<name>[^\[\]]+)\[(?P<index>[0-9,]+)\]$")
 
 
 def posteriordb_dir() -> Path:
-    """The reference folder: ``$NUMPYRO_SG_POSTERIORDB`` or ``<repo>/../shared/reference/posteriordb``.
+    """The reference folder: ``$NUMPYRO_SG_POSTERIORDB``, else ``../shared/reference/posteriordb``
+    beside a source checkout of this package.
 
-    The path is returned whether or not it exists; callers skip when it does not.
+    The path is returned whether or not it exists; callers check.
     """
     env = os.environ.get(ENV_VAR)
     if env:
         return Path(env).expanduser().resolve()
-    return Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "posteriordb"
+    return Path(__file__).resolve().parents[2] / "shared" / "reference" / "posteriordb"
 
 
 def _read_zipped_json(path: Path):
@@ -106,3 +114,27 @@ def load_posteriordb(name: str, root: Path | None = None) -> tuple[dict, dict]:
             f"posteriordb reference folder not found at {root} (set ${ENV_VAR} to point at it)."
         )
     return load_data(name, root), load_draws(name, root)
+
+
+def posteriordb_reference(name: str, names: dict | None = None, root: Path | None = None):
+    """Reference draws of posterior ``name`` as an ``arviz.InferenceData`` (chains kept).
+
+    :param names: ``{posteriordb parameter: model site}`` renames (e.g. ``{"beta": "theta"}``);
+        parameters not named keep their posteriordb name.
+    :param root: the posteriordb folder (default :func:`posteriordb_dir`).
+    """
+    import arviz as az
+
+    root = posteriordb_dir() if root is None else Path(root)
+    if not (root / "draws" / f"{name}.json.zip").exists():
+        raise FileNotFoundError(
+            f"no reference draws for {name!r} under {root} (set ${ENV_VAR} or pass root=)."
+        )
+    draws = load_draws(name, root, pool=False)
+    names = {} if names is None else dict(names)
+    unknown = set(names) - set(draws)
+    if unknown:
+        raise KeyError(f"{sorted(unknown)} are not parameters of {name!r}: {sorted(draws)}.")
+    idata = az.from_dict(posterior={names.get(k, k): v for k, v in draws.items()})
+    idata.posterior.attrs["posteriordb"] = name
+    return idata

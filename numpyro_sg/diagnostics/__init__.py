@@ -1,0 +1,1 @@
+"""Diagnostics: kernel Stein discrepancy (:mod:`~numpyro_sg.diagnostics.ksd`) and FSSD."""

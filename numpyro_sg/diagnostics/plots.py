@@ -1,0 +1,95 @@
+"""KSD versus iteration and versus time, for one run or several on a common scale."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from numpyro_sg.diagnostics.model_scores import STEIN_GROUP, stein_arrays
+
+__all__ = ["ksd_path_of_run", "plot_ksd_path"]
+
+
+def _stein(idata):
+    if not hasattr(idata, "groups") or STEIN_GROUP not in idata.groups():
+        raise ValueError(
+            "this InferenceData has no 'stein' group: make it with "
+            "numpyro_sg.to_inference_data(mcmc, ksd=True)."
+        )
+    return idata[STEIN_GROUP]
+
+
+def _pooled_sd(runs) -> np.ndarray:
+    xs = [stein_arrays(_stein(r))[0] for r in runs]
+    return np.concatenate([x.reshape(-1, x.shape[-1]) for x in xs]).std(axis=0, ddof=1)
+
+
+def ksd_path_of_run(idata, *, scales=None, num_steps: int = 20, **options) -> pd.DataFrame:
+    """KSD of the first k scored draws of every chain, for ``num_steps`` values of k.
+
+    Uses the run's ``stein`` group (the evenly thinned, scored draws stored by
+    :func:`numpyro_sg.to_inference_data`); the chains are pooled draw by draw, so the point
+    at draw index t scores the draws up to t of all chains.
+
+    :param scales: per-coordinate scales (one common preconditioner for the whole path;
+        default: the run's stored ``ksd_scales``, or ``None`` for the raw form if it has none).
+    :return: a ``DataFrame`` with columns ``draw`` (index of the last draw used, per chain),
+        ``seconds`` (``draw`` × sampling time per draw, when
+        ``posterior.attrs["sampling_time"]`` is known; warmup included in the time per draw)
+        and ``ksd``.
+    """
+    from numpyro_sg.diagnostics.ksd import ksd_path
+
+    stein = _stein(idata)
+    x, s = stein_arrays(stein)
+    C, K, d = x.shape
+    if scales is None and "ksd_scales" in stein.attrs and stein.attrs.get("ksd_preconditioner") != "none":
+        scales = np.asarray(stein.attrs["ksd_scales"])
+    # interleave chains: the first C·k rows are the first k draws of every chain
+    xi = np.swapaxes(x, 0, 1).reshape(K * C, d)
+    si = np.swapaxes(s, 0, 1).reshape(K * C, d)
+    ks = np.unique(np.clip(np.round(np.geomspace(2, K, num_steps)).astype(int), 2, K))
+    steps, values = ksd_path(xi, scores=si, steps=ks * C, preconditioner=scales, **options)
+    draw = np.asarray(stein["draw"].values)[steps // C - 1]
+    total = float(idata.posterior.attrs.get("sampling_time", np.nan))
+    per_draw = total / idata.posterior.sizes["draw"] if np.isfinite(total) else np.nan
+    return pd.DataFrame({"draw": draw, "seconds": (draw + 1) * per_draw, "ksd": values})
+
+
+def plot_ksd_path(runs, *, x: str = "draw", reference=None, scales=None, num_steps: int = 20,
+                  ax=None, **options):
+    """Plot KSD against the draw index or the sampling time for one or several runs.
+
+    Several runs are scored with **one common preconditioner** (otherwise their KSDs are not
+    on one scale): ``scales`` if given, else the unconstrained sd of ``reference`` (e.g. a
+    :func:`numpyro_sg.nuts_reference` result), else the sd of all the runs' scored draws
+    pooled together.
+
+    :param runs: an ``InferenceData`` from :func:`numpyro_sg.to_inference_data`, or a dict
+        ``{label: InferenceData}``.
+    :param str x: ``"draw"`` or ``"time"`` (needs ``posterior.attrs["sampling_time"]``, which
+        ``to_inference_data(..., sampling_time=…)`` records).
+    :param ax: a matplotlib axes (default: a new figure).
+    :return: the matplotlib axes.
+    """
+    import matplotlib.pyplot as plt
+
+    if x not in ("draw", "time"):
+        raise ValueError(f"x must be 'draw' or 'time', got {x!r}.")
+    if not isinstance(runs, dict):
+        runs = {"run": runs}
+    if scales is None:
+        scales = _pooled_sd([reference]) if reference is not None else _pooled_sd(runs.values())
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 4))
+    for label, idata in runs.items():
+        path = ksd_path_of_run(idata, scales=scales, num_steps=num_steps, **options)
+        column = "draw" if x == "draw" else "seconds"
+        if path[column].isna().all():
+            raise ValueError(f"run {label!r} has no posterior.attrs['sampling_time'] to plot against time.")
+        ax.loglog(path[column], path["ksd"], marker="o", ms=3, label=label)
+    ax.set_xlabel("draw (after warmup)" if x == "draw" else "sampling time (s)")
+    ax.set_ylabel("KSD (common scale)")
+    if len(runs) > 1:
+        ax.legend()
+    return ax

@@ -1,0 +1,334 @@
+r"""NUTS ground truth and comparison of a run with it (SPEC §9).
+
+:func:`nuts_reference` runs NumPyro's NUTS on the full data (every subsample plate switched
+to ``arange(N)``), optionally caching the result on disk; :func:`compare` reports how far a
+stochastic-gradient run is from a reference, per coordinate and overall through
+
+.. math:: \xi(\hat\sigma) = \lVert \hat\sigma - \sigma_{\mathrm{ref}} \rVert_2 /
+          \lVert \sigma_{\mathrm{ref}} \rVert_2,
+
+and scores both runs' KSD with one common preconditioner (the reference's per-coordinate sd
+on the unconstrained space), so the two numbers are on one scale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import arviz as az
+import jax
+import numpy as np
+import numpyro
+import pandas as pd
+from numpyro.infer import MCMC, NUTS
+
+import numpyro_sg
+from numpyro_sg.arviz import to_inference_data
+from numpyro_sg.diagnostics.model_scores import (
+    STEIN_GROUP,
+    ModelScores,
+    _full_data_model,
+    ksd_of_stein,
+    stein_arrays,
+    stein_dataset,
+)
+
+__all__ = ["nuts_reference", "compare", "plot_compare"]
+
+
+# -- NUTS reference -------------------------------------------------------------------------
+def _model_source(model) -> str:
+    try:
+        return inspect.getsource(model)
+    except (OSError, TypeError):
+        return repr(model)
+
+
+def _data_hash(model_args, model_kwargs) -> str:
+    """SHA-256 over the data's bytes, shapes and dtypes (non-array leaves by ``repr``)."""
+    h = hashlib.sha256()
+    leaves, treedef = jax.tree.flatten((model_args, dict(sorted((model_kwargs or {}).items()))))
+    h.update(str(treedef).encode())
+    for leaf in leaves:
+        if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+            arr = np.ascontiguousarray(np.asarray(leaf))
+            h.update(f"{arr.shape}{arr.dtype}".encode())
+            h.update(arr.tobytes())
+        else:
+            h.update(repr(leaf).encode())
+    return h.hexdigest()
+
+
+def _cache_key(model, model_args, model_kwargs, settings: dict) -> str:
+    h = hashlib.sha256()
+    h.update(_model_source(model).encode())
+    h.update(_data_hash(model_args, model_kwargs).encode())
+    h.update(repr(sorted(settings.items())).encode())
+    h.update(f"numpyro {numpyro.__version__} numpyro_sg {numpyro_sg.__version__}".encode())
+    return h.hexdigest()[:24]
+
+
+def nuts_reference(
+    model: Callable,
+    *model_args,
+    model_kwargs: dict | None = None,
+    num_warmup: int = 1000,
+    num_samples: int = 1000,
+    num_chains: int = 1,
+    cache_dir: str | os.PathLike | None = None,
+    rng_key=None,
+    chain_method: str = "sequential",
+    progress_bar: bool = True,
+    ksd_draws: int | None = 1000,
+    **nuts_kwargs,
+) -> az.InferenceData:
+    """NUTS on the full data: the ground truth a stochastic-gradient run is compared with.
+
+    Every subsample plate of ``model`` is switched to its full size (the exact log density),
+    NumPyro's ``NUTS`` runs on it, and the result comes back as ``InferenceData`` made by
+    :func:`numpyro_sg.to_inference_data` (full-data observed data, KSD and scored draws in the
+    ``stein`` group), with the wall time of the run (compilation included) as
+    ``posterior.attrs["sampling_time"]``.
+
+    :param model: the NumPyro model (with or without subsample plates).
+    :param model_args: the model's positional arguments (the data).
+    :param model_kwargs: its keyword arguments.
+    :param cache_dir: when given, the result is stored there as netCDF and reused by later
+        calls with the same model source, data (hashed bytes), settings and versions. Data
+        captured in a closure are not part of the key: pass data as arguments.
+    :param rng_key: a ``jax.random.PRNGKey`` (default ``PRNGKey(0)``).
+    :param nuts_kwargs: passed to ``numpyro.infer.NUTS`` (``target_accept_prob``, …).
+    """
+    model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
+    rng_key = jax.random.PRNGKey(0) if rng_key is None else rng_key
+    settings = dict(
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        num_chains=num_chains,
+        rng_key=np.asarray(jax.random.key_data(rng_key)).tolist()
+        if jax.dtypes.issubdtype(rng_key.dtype, jax.dtypes.prng_key)
+        else np.asarray(rng_key).tolist(),
+        ksd_draws=ksd_draws,
+        nuts=sorted((k, repr(v)) for k, v in nuts_kwargs.items()),
+    )
+    path = None
+    if cache_dir is not None:
+        key = _cache_key(model, model_args, model_kwargs, settings)
+        path = Path(cache_dir) / f"nuts_reference_{key}.nc"
+        if path.exists():
+            idata = az.from_netcdf(path)
+            idata.posterior.attrs["cache_file"] = str(path)
+            return idata
+    full_model = _full_data_model(model, model_args, model_kwargs)
+    mcmc = MCMC(
+        NUTS(full_model, **nuts_kwargs),
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        num_chains=num_chains,
+        chain_method=chain_method,
+        progress_bar=progress_bar,
+    )
+    start = time.perf_counter()
+    mcmc.run(rng_key, *model_args, extra_fields=("diverging",), **model_kwargs)
+    jax.block_until_ready(mcmc.get_samples())
+    elapsed = time.perf_counter() - start
+    idata = to_inference_data(
+        mcmc,
+        sampling_time=elapsed,
+        ksd_draws=ksd_draws,
+        model=model,
+        model_args=model_args,
+        model_kwargs=model_kwargs,
+    )
+    idata.posterior.attrs["reference"] = "NUTS on the full data"
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        idata.to_netcdf(tmp)
+        tmp.replace(path)
+        idata.posterior.attrs["cache_file"] = str(path)
+    return idata
+
+
+# -- comparison -----------------------------------------------------------------------------
+def _as_idata(obj, names: dict | None = None) -> az.InferenceData:
+    """An InferenceData from an InferenceData, an MCMC, or a dict of draws."""
+    if isinstance(obj, az.InferenceData):
+        idata = obj
+    elif hasattr(obj, "get_samples"):
+        idata = az.from_dict(posterior=obj.get_samples(group_by_chain=True))
+    elif isinstance(obj, dict):
+        # {name: (draws, …)}: one chain (use az.from_dict for several)
+        idata = az.from_dict(posterior={k: np.asarray(v)[None] for k, v in obj.items()})
+    else:
+        raise TypeError(
+            "expected an InferenceData, an MCMC object or a dict of draws; "
+            f"got {type(obj).__name__}."
+        )
+    if names:
+        idata = idata.rename_vars(names, groups="posterior")
+    return idata
+
+
+def _coordinates(idata, var_names) -> dict:
+    """``{"theta[0]": (chains, draws) array, …}`` for the chosen posterior variables."""
+    out = {}
+    for name in var_names:
+        values = np.asarray(idata.posterior[name].values, dtype=float)
+        if values.ndim == 2:
+            out[name] = values
+            continue
+        for idx in np.ndindex(*values.shape[2:]):
+            out[f"{name}[{', '.join(str(i) for i in idx)}]"] = values[(slice(None), slice(None)) + idx]
+    return out
+
+
+def _sampling_time(idata) -> float:
+    return float(idata.posterior.attrs.get("sampling_time", np.nan))
+
+
+def _reference_stein(reference, scores: ModelScores | None, max_draws):
+    """The reference's scored draws: stored, or computed from the model."""
+    if STEIN_GROUP in reference.groups():
+        return reference[STEIN_GROUP]
+    if scores is None:
+        return None
+    samples = {k: np.asarray(v.values) for k, v in reference.posterior.data_vars.items()}
+    return stein_dataset(samples, scores, max_draws)
+
+
+def compare(
+    idata,
+    reference,
+    *,
+    var_names=None,
+    reference_names: dict | None = None,
+    model=None,
+    model_args=None,
+    model_kwargs=None,
+    ksd: bool = True,
+    ksd_draws: int | None = 1000,
+) -> pd.DataFrame:
+    r"""Compare a run with a reference posterior, per coordinate and overall.
+
+    :param idata: the run (``InferenceData`` from :func:`to_inference_data`, or an MCMC).
+    :param reference: an ``InferenceData`` from :func:`nuts_reference` or
+        :func:`numpyro_sg.posteriordb.posteriordb_reference`, or a dict of draws
+        ``{name: (draws, …)}``.
+    :param var_names: variables to compare (default: every posterior variable both have).
+    :param reference_names: renames ``{reference name: site name}`` applied to the reference.
+    :param model, model_args, model_kwargs: needed only to score a reference that carries no
+        ``stein`` group (posteriordb draws, a dict).
+    :return: a ``pandas.DataFrame`` indexed by coordinate (``theta[0]``, …) with columns
+        ``mean``, ``sd``, ``ref_mean``, ``ref_sd``, ``mean_err`` = (mean − ref_mean)/ref_sd,
+        ``sd_rel_err`` = (sd − ref_sd)/ref_sd, ``ess_per_s`` and ``ref_ess_per_s`` (bulk ESS
+        over ``posterior.attrs["sampling_time"]``; NaN when the time is unknown).
+        ``attrs``: ``xi_sd`` = ξ(σ̂) = ‖σ̂ − σ_ref‖₂/‖σ_ref‖₂ over all compared coordinates,
+        ``ksd`` and ``ksd_reference`` (both with the reference's unconstrained sd as the
+        common preconditioner, recorded in ``ksd_scales``), ``sampling_time`` and
+        ``reference_sampling_time``.
+    """
+    run = _as_idata(idata)
+    ref = _as_idata(reference, reference_names)
+    common = [v for v in run.posterior.data_vars if v in ref.posterior.data_vars]
+    if var_names is not None:
+        var_names = [var_names] if isinstance(var_names, str) else list(var_names)
+        missing = [v for v in var_names if v not in common]
+        if missing:
+            raise KeyError(
+                f"{missing} are not in both posteriors (shared: {common}); "
+                "rename reference variables with reference_names={ref_name: site}."
+            )
+        common = var_names
+    if not common:
+        raise ValueError(
+            f"the run ({list(run.posterior.data_vars)}) and the reference "
+            f"({list(ref.posterior.data_vars)}) share no variable; pass "
+            "reference_names={reference name: site name}."
+        )
+    for name in common:
+        a, b = run.posterior[name].shape[2:], ref.posterior[name].shape[2:]
+        if a != b:
+            raise ValueError(f"variable {name!r}: run shape {a} vs reference shape {b}.")
+    x, r = _coordinates(run, common), _coordinates(ref, common)
+    t_run, t_ref = _sampling_time(run), _sampling_time(ref)
+    rows = {}
+    for name in x:
+        mean, sd = x[name].mean(), x[name].std(ddof=1)
+        ref_mean, ref_sd = r[name].mean(), r[name].std(ddof=1)
+        rows[name] = {
+            "mean": mean,
+            "sd": sd,
+            "ref_mean": ref_mean,
+            "ref_sd": ref_sd,
+            "mean_err": (mean - ref_mean) / ref_sd,
+            "sd_rel_err": (sd - ref_sd) / ref_sd,
+            "ess_per_s": float(az.ess(x[name])) / t_run,
+            "ref_ess_per_s": float(az.ess(r[name])) / t_ref,
+        }
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "variable"
+    sd, ref_sd = table["sd"].to_numpy(), table["ref_sd"].to_numpy()
+    table.attrs["xi_sd"] = float(np.linalg.norm(sd - ref_sd) / np.linalg.norm(ref_sd))
+    table.attrs["sampling_time"] = t_run
+    table.attrs["reference_sampling_time"] = t_ref
+    if ksd:
+        table.attrs.update(_common_scale_ksd(run, ref, model, model_args, model_kwargs, ksd_draws))
+    return table
+
+
+def _common_scale_ksd(run, ref, model, model_args, model_kwargs, ksd_draws) -> dict:
+    """KSD of run and reference, both with the reference's sd as preconditioner."""
+    scores = None
+    if model is not None:
+        scores = ModelScores(model, model_args or (), model_kwargs)
+    if STEIN_GROUP in run.groups():
+        run_stein = run[STEIN_GROUP]
+    elif scores is not None:
+        samples = {k: np.asarray(v.values) for k, v in run.posterior.data_vars.items()}
+        run_stein = stein_dataset(samples, scores, ksd_draws)
+    else:
+        run_stein = None
+    ref_stein = _reference_stein(ref, scores, ksd_draws)
+    if run_stein is None or ref_stein is None:
+        return {"ksd": np.nan, "ksd_reference": np.nan, "ksd_note": "pass model= to score"}
+    if list(run_stein["coordinate"].values) != list(ref_stein["coordinate"].values):
+        raise ValueError("the run and the reference have different unconstrained coordinates.")
+    x_ref, _ = stein_arrays(ref_stein)
+    scales = x_ref.reshape(-1, x_ref.shape[-1]).std(axis=0, ddof=1)
+    options = {
+        k.removeprefix("ksd_"): run_stein.attrs[k]
+        for k in ("ksd_c", "ksd_beta", "ksd_statistic")
+        if k in run_stein.attrs
+    }
+    return {
+        "ksd": float(ksd_of_stein(run_stein, scales, **options)),
+        "ksd_reference": float(ksd_of_stein(ref_stein, scales, **options)),
+        "ksd_preconditioner": "reference sd",
+        "ksd_scales": scales,
+    }
+
+
+def plot_compare(idata, reference, *, var_names=None, reference_names=None, labels=None, **kwargs):
+    """Overlay the marginal densities of a run and a reference (``az.plot_density``).
+
+    :param labels: the two legend labels (default ``("run", "reference")``).
+    :param kwargs: passed to :func:`arviz.plot_density` (``figsize``, ``hdi_prob``, …).
+    :return: the matplotlib axes.
+    """
+    run = _as_idata(idata)
+    ref = _as_idata(reference, reference_names)
+    if var_names is None:
+        var_names = [v for v in run.posterior.data_vars if v in ref.posterior.data_vars]
+    labels = ("run", "reference") if labels is None else labels
+    return az.plot_density(
+        [run.posterior[var_names], ref.posterior[var_names]],
+        data_labels=list(labels),
+        shade=kwargs.pop("shade", 0.1),
+        **kwargs,
+    )
