@@ -231,7 +231,7 @@ def _indicator_vars(idata) -> list[str]:
 def summary(
     idata,
     *,
-    preconditioner=None,
+    preconditioner="stored",
     model=None,
     model_args=None,
     model_kwargs=None,
@@ -249,25 +249,29 @@ def summary(
 
     :param idata: an ``InferenceData`` from :func:`to_inference_data` (its ``stein`` group is
         used), or any ``InferenceData``/``MCMC`` together with ``model=`` and its arguments.
-    :param preconditioner: recompute the KSD column with this preconditioner (default: the
-        one the ``InferenceData`` was made with).
+    :param preconditioner: ``"stored"`` (default: the per-coordinate KSD stored by
+        :func:`to_inference_data`, i.e. with the preconditioner it was made with; ``"sd"``
+        when there is none), or recompute the column with ``"sd"``, ``"laplace"`` (needs the
+        model), an array of scales or ``None`` (the papers' raw form), as in
+        :func:`numpyro_sg.ksd`.
     :param kwargs: passed to :func:`arviz.summary` (``var_names``, ``hdi_prob``, …).
     """
     from numpyro_sg.diagnostics.model_scores import _stein_of
 
+    stored = isinstance(preconditioner, str) and preconditioner == "stored"
     if hasattr(idata, "get_samples"):  # an MCMC object
         idata = to_inference_data(
             idata, model=model, model_args=model_args, model_kwargs=model_kwargs,
-            preconditioner="sd" if preconditioner is None else preconditioner,
+            preconditioner="sd" if stored else preconditioner,
         )
     table = az.summary(idata, **kwargs)
     has_stein = STEIN_GROUP in idata.groups()
     if has_stein or model is not None:
         stein, scores = _stein_of(idata, model, model_args, model_kwargs, None)
-        if preconditioner is None and "ksd_per_coordinate" in stein:
+        if stored and "ksd_per_coordinate" in stein:
             per_coord = np.asarray(stein["ksd_per_coordinate"].values)
         else:
-            precond = "sd" if preconditioner is None else preconditioner
+            precond = "sd" if stored else preconditioner
             scales = resolve_run_scales(precond, stein, scores)
             per_coord = np.asarray(ksd_of_stein(stein, scales, per_coordinate=True))
         names = [str(n) for n in stein["coordinate"].values]

@@ -1,0 +1,117 @@
+"""``to_inference_data`` and ``summary`` on an SGBD run of a subsample model: full-data groups,
+KSD in sample_stats, a lossless netCDF round trip, and ArviZ's own functions on the result."""
+
+import arviz as az
+import jax
+import matplotlib
+import numpy as np
+import pytest
+import xarray as xr
+from conftest import logistic_model
+from numpyro.infer import MCMC
+
+import numpyro_sg as nsg
+
+matplotlib.use("Agg")
+
+
+@pytest.fixture(scope="module")
+def sgbd_run(logistic_data):
+    X, y = logistic_data
+    mcmc = MCMC(
+        nsg.SGBD(logistic_model, step_size=0.02, variant="corrected", adapt_step_size=True),
+        num_warmup=300,
+        num_samples=400,
+        num_chains=2,
+        chain_method="vectorized",
+        progress_bar=False,
+    )
+    mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("step_size", "frac_past_breaking_point"))
+    return mcmc
+
+
+@pytest.fixture(scope="module")
+def idata(sgbd_run):
+    return nsg.to_inference_data(sgbd_run, log_likelihood=True, ksd_draws=200)
+
+
+def test_full_data_groups_and_ksd(idata, logistic_data):
+    X, y = logistic_data
+    np.testing.assert_array_equal(idata.observed_data["y"], y)  # all N = 500, not a mini-batch
+    assert idata.log_likelihood["y"].shape == (2, 400, 500)
+    assert idata.posterior["theta"].shape == (2, 400, 3)
+    stats = idata.sample_stats
+    assert stats["ksd"].dims == ("chain",) and np.all(np.isfinite(stats["ksd"]))
+    assert {"diverging", "step_size", "frac_past_breaking_point"} <= set(stats)
+    # per-coordinate fields on a named dimension
+    assert stats["step_size"].dims == ("chain", "draw", "coordinate")
+    assert list(stats["coordinate"].values) == ["theta[0]", "theta[1]", "theta[2]"]
+    attrs = stats.attrs
+    assert attrs["ksd_preconditioner"] == "sd" and attrs["ksd_draws_per_chain"] == 200
+    assert np.shape(attrs["ksd_scales"]) == (3,) and attrs["ksd_c"] == 1.0
+    assert attrs["ksd_beta"] == -0.5 and attrs["ksd_statistic"] == "v"
+    # the pooled KSD equals ksd() of the stored scored draws with the stored scales
+    st = idata["stein"]
+    x = st["unconstrained"].values.reshape(-1, 3)
+    s = st["score"].values.reshape(-1, 3)
+    assert attrs["ksd"] == pytest.approx(nsg.ksd(x, scores=s, preconditioner=attrs["ksd_scales"]))
+    assert attrs["ksd"] == pytest.approx(nsg.ksd(idata))  # no model needed: stein group
+
+
+def test_netcdf_round_trip_is_lossless(idata, tmp_path):
+    path = tmp_path / "run.nc"
+    idata.to_netcdf(path)
+    back = az.from_netcdf(path)
+    assert set(back.groups()) == set(idata.groups())
+    for group in idata.groups():
+        xr.testing.assert_identical(back[group], idata[group])
+        for key, value in idata[group].attrs.items():
+            np.testing.assert_array_equal(back[group].attrs[key], value)
+    assert nsg.ksd(back) == pytest.approx(idata.sample_stats.attrs["ksd"])
+    table = nsg.summary(back)
+    np.testing.assert_allclose(table["ksd"], nsg.summary(idata)["ksd"])
+
+
+def test_arviz_functions_run(idata):
+    import matplotlib.pyplot as plt
+
+    az.plot_trace(idata)
+    az.plot_forest(idata)
+    az.plot_posterior(idata)
+    plt.close("all")
+    table = az.summary(idata)
+    assert "theta[2]" in table.index and np.all(table["r_hat"] < 1.2)
+    loo = az.loo(idata, pointwise=True)
+    assert loo.n_data_points == 500 and np.isfinite(loo.elpd_loo)
+
+
+def test_summary_has_per_coordinate_ksd(idata):
+    table = nsg.summary(idata)
+    assert list(table.index) == ["theta[0]", "theta[1]", "theta[2]"]
+    assert np.all(np.isfinite(table["ksd"])) and np.all(table["ksd"] > 0)
+    assert "inclusion_prob" not in table  # no indicator sites
+    # the column is paper 000's per-coordinate terms: they sum to the per-coordinate KSD
+    st = idata["stein"]
+    x = st["unconstrained"].values.reshape(-1, 3)
+    s = st["score"].values.reshape(-1, 3)
+    scales = idata.sample_stats.attrs["ksd_scales"]
+    assert table["ksd"].sum() == pytest.approx(
+        nsg.ksd(x, scores=s, preconditioner=scales, per_coordinate=True), rel=1e-6
+    )
+    raw = nsg.summary(idata, preconditioner=None)  # the papers' raw form, recomputed
+    assert np.all(np.isfinite(raw["ksd"])) and not np.allclose(raw["ksd"], table["ksd"])
+    np.testing.assert_allclose(nsg.summary(idata, preconditioner=scales)["ksd"], table["ksd"])
+
+
+def test_options_and_limits(sgbd_run):
+    raw = nsg.to_inference_data(sgbd_run, preconditioner=None, ksd_draws=50,
+                                ksd_options={"statistic": "u"})
+    assert raw.sample_stats.attrs["ksd_preconditioner"] == "none"
+    assert raw.sample_stats.attrs["ksd_statistic"] == "u"
+    assert raw["stein"].sizes["draw"] == 50
+    no_ksd = nsg.to_inference_data(sgbd_run, ksd=False)
+    assert "ksd" not in no_ksd.sample_stats and "stein" not in no_ksd.groups()
+    with pytest.raises(MemoryError, match="log_likelihood_limit_gb"):
+        nsg.to_inference_data(sgbd_run, log_likelihood=True, log_likelihood_limit_gb=1e-6)
+    with pytest.raises(TypeError, match="unknown ksd_options"):
+        nsg.to_inference_data(sgbd_run, ksd_options={"bandwidth": 1.0})
