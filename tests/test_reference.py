@@ -187,3 +187,16 @@ def test_plots_from_the_package(runs, tmp_path):
     axes = nsg.plot_compare(runs["small"], runs["ref"])
     assert sum(bool(a.get_title()) for a in np.ravel(axes)) == D
     plt.close("all")
+
+
+def test_diagnostics_example_runs(tmp_path, capsys):
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "ksd_diagnostics.py"
+    module = runpy.run_path(str(script))
+    out = tmp_path / "ksd.png"
+    module["main"](["--num-data", "3000", "--num-samples", "300", "--out", str(out)])
+    assert out.stat().st_size > 10_000
+    printed = capsys.readouterr().out
+    assert "too large" in printed and "ξ(σ̂)" in printed and "mean_err" in printed
