@@ -1,12 +1,13 @@
 """numpyro_sg: stochastic-gradient MCMC kernels for NumPyro, with ArviZ output and KSD."""
 
-from numpyro_sg.kernels import ESGLD, SGBD, SGLD, DivergenceWarning, polynomial_schedule
+from numpyro_sg.kernels import ESGLD, SGBD, SGLD, DivergenceWarning, SparseAsync, polynomial_schedule
 from numpyro_sg.arviz import summary, to_inference_data
 from numpyro_sg.diagnostics.fssd import fssd
 from numpyro_sg.diagnostics.ksd import ksd, ksd_path, ksd_per_coordinate
 from numpyro_sg.diagnostics.plots import plot_ksd_path
 from numpyro_sg.minibatch import find_subsample_plates
 from numpyro_sg.reference import compare, nuts_reference, plot_compare
+from numpyro_sg.tuning import grid_search, heuristic_step_size, mamba
 
 __version__ = "0.1.0"
 
@@ -14,6 +15,7 @@ __all__ = [
     "SGLD",
     "SGBD",
     "ESGLD",
+    "SparseAsync",
     "DivergenceWarning",
     "polynomial_schedule",
     "find_subsample_plates",
@@ -27,4 +29,7 @@ __all__ = [
     "nuts_reference",
     "compare",
     "plot_compare",
+    "mamba",
+    "grid_search",
+    "heuristic_step_size",
 ]

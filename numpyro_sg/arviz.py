@@ -196,10 +196,12 @@ def _attach_ksd(idata, stein, scales, preconditioner, options):
     pooled = ksd_of_stein(stein, scales, **options)
     per_coord = ksd_of_stein(stein, scales, per_coordinate=True, **options)
     stein = stein.assign(ksd_per_coordinate=("coordinate", np.asarray(per_coord)))
-    if "sample_stats" not in idata.groups():
-        idata.add_groups(sample_stats=xr.Dataset(coords={"chain": idata.posterior.chain}))
-    chains = idata.sample_stats["chain"].values
-    idata.sample_stats["ksd"] = xr.DataArray(per_chain, dims=("chain",), coords={"chain": chains})
+    chains = idata.posterior["chain"].values
+    ksd_var = xr.DataArray(per_chain, dims=("chain",), coords={"chain": chains})
+    if "sample_stats" not in idata.groups():  # (ArviZ drops an empty group: add it with ksd)
+        idata.add_groups(sample_stats=xr.Dataset({"ksd": ksd_var}))
+    else:
+        idata.sample_stats["ksd"] = ksd_var
     attrs = {
         "ksd": float(pooled),
         "ksd_preconditioner": _preconditioner_name(preconditioner),

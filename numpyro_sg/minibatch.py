@@ -39,6 +39,7 @@ __all__ = [
     "draw_without_replacement",
     "with_indices",
     "full_data",
+    "deterministic_in_plates",
     "Minibatcher",
     "BatchState",
 ]
@@ -263,6 +264,17 @@ def discover_plates(model, model_args, model_kwargs, subsample_size=None, check_
     if check_data:
         _check_data_finite(model, plates, model_args, model_kwargs)
     return plates
+
+
+def deterministic_in_plates(model, plates, model_args=(), model_kwargs=None) -> bool:
+    """True when a deterministic site of ``model`` sits inside one of the subsample ``plates``
+    (its value then depends on which data the plate holds)."""
+    names = {p.name for p in plates}
+    tr = _trace_model(model, model_args, model_kwargs)
+    return any(
+        site["type"] == "deterministic" and names.intersection(_plates_of(site))
+        for site in tr.values()
+    )
 
 
 class BatchState(NamedTuple):

@@ -152,6 +152,34 @@ def test_constrained_sites_and_deterministic(linear_data):
     np.testing.assert_allclose(s["theta_sum"], s["theta"].sum(-1), rtol=1e-5)
 
 
+def test_deterministic_inside_plate_is_over_the_full_data(linear_data):
+    X, y = linear_data
+
+    def model(X, y=None, with_mu=True):
+        theta = numpyro.sample("theta", dist.Normal(0, 2).expand([3]).to_event(1))
+        with numpyro.plate("data", X.shape[0], subsample_size=100):
+            Xb = numpyro.subsample(X, event_dim=1)
+            yb = numpyro.subsample(y, event_dim=0)
+            mu = Xb @ theta
+            if with_mu:
+                numpyro.deterministic("mu", mu)
+            numpyro.sample("y", dist.Normal(mu, 1.0), obs=yb)
+
+    # without the site the plate is post-processed on one datum (cheap); with it, over all N
+    no_mu = nsg.SGLD(model, 1e-4)
+    MCMC(no_mu, num_warmup=1, num_samples=1, progress_bar=False).run(
+        jax.random.PRNGKey(0), X, y, with_mu=False
+    )
+    assert no_mu._deterministic_in_plate is False
+    kernel = nsg.SGLD(model, 1e-4)
+    mcmc = MCMC(kernel, num_warmup=10, num_samples=20, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y)
+    s = mcmc.get_samples()
+    assert kernel._deterministic_in_plate is True
+    assert s["mu"].shape == (20, X.shape[0])
+    np.testing.assert_allclose(s["mu"], s["theta"] @ np.asarray(X).T, rtol=1e-4, atol=1e-4)
+
+
 def test_kernel_subsample_size_override(linear_data):
     X, y = linear_data
     kernel = nsg.SGLD(linear_model, 1e-4, variant="corrected", subsample_size=1000, replace=False)
