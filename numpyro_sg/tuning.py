@@ -623,9 +623,9 @@ def mamba(
     """MAMBA: successive halving over a grid of kernel hyperparameters, scored by KSD/FSSD.
 
     Paper 002, Algorithm 1: for i = 0 … ⌊log_η M⌋ − 1 every surviving arm runs
-    r_i = T/(|S_i|·⌊log_η M⌋) more seconds continuing its chain (r_i computed from the time
-    left, see the module docstring), is scored on its thinned draws with full-data scores and
-    one common scale, and the ⌊|S_i|/η⌋ best survive.  Step sizes follow each kernel's own
+    r_i = T/(|S_i|·⌊log_η M⌋) more seconds of chain time continuing its chain, is scored on
+    its thinned draws with full-data scores and one common scale, and the ⌊|S_i|/η⌋ best
+    survive (see the module docstring for vectorised arms and the overheads).  Step sizes follow each kernel's own
     convention (SGLD: θ' = θ + (ε/2)·ĝ + N(0, ε); paper 002's h is ε).
     """ + _DOC_ARGS + """    :param int eta: pruning rate η ≥ 2 (default 3).
     """

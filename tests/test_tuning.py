@@ -135,3 +135,15 @@ def test_bad_grids_and_arguments(data):
         nsg.mamba(make_sgld, {"step_size": [1e-3], "subsample_size": [5000]}, data)
     with pytest.raises(RuntimeError, match="every arm diverged"):
         nsg.mamba(make_sgld, {"step_size": [1.0, 2.0]}, data, time_budget=0.2)
+
+
+def test_tuning_example_runs(capsys):
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "mamba_tuning.py"
+    module = runpy.run_path(str(script))
+    module["main"](["--num-data", "2000", "--budget", "1.5", "--num-samples", "300"])
+    out = capsys.readouterr().out
+    assert "MAMBA for SGLD" in out and "MAMBA for SGBD" in out and "chosen:" in out
+    assert out.count("ξ(σ̂) =") == 3

@@ -56,7 +56,7 @@ from numpyro.infer.initialization import init_to_sample, init_to_uniform
 from numpyro.infer.util import constrain_fn, initialize_model
 from numpyro.util import is_prng_key
 
-from numpyro_sg.kernels.base import SGKernel, _all_finite
+from numpyro_sg.kernels.base import SGKernel, _all_finite, jit_with_data
 from numpyro_sg.minibatch import Minibatcher, _trace_model, discover_plates, full_data, with_indices
 from numpyro_sg.spike_slab import find_spike_slab
 
@@ -531,18 +531,7 @@ class ESGLD(SGKernel):
 
         if batched:
             init_one = jax.vmap(init_one, in_axes=(0, 0, 0, None, None))
-        # the data arrays are arguments, not constants baked into the compiled program
-        leaves, treedef = jax.tree.flatten((model_args, model_kwargs))
-        dynamic = [isinstance(x, (np.ndarray, jax.Array)) and np.ndim(x) > 0 for x in leaves]
-
-        def init_jit(params, gamma, key, arrays):
-            it = iter(arrays)
-            full = [next(it) if d else x for x, d in zip(leaves, dynamic)]
-            args, kwargs = jax.tree.unflatten(treedef, full)
-            return init_one(params, gamma, key, args, kwargs)
-
-        arrays = [x for x, d in zip(leaves, dynamic) if d]
-        state = jax.jit(init_jit)(init_params, gamma0, rng_key, arrays)
+        state = jit_with_data(init_one, model_args, model_kwargs)(init_params, gamma0, rng_key)
         self._sample_fn = self.sample
         return state
 
