@@ -203,10 +203,6 @@ class _Batch:
         self.model_args, self.model_kwargs = model_args, model_kwargs
         self.values = {n: jnp.asarray([a[n] for a in arms], jnp.result_type(float)) for n in names}
         keys = random.split(rng_key, len(arms))
-        if init_params is not None:
-            init_params = jax.tree.map(
-                lambda v: jnp.broadcast_to(jnp.asarray(v), (len(arms),) + jnp.shape(v)), init_params
-            )
         kernel = self.kernel
         state = kernel.init(keys, 0, init_params, model_args, model_kwargs)
         if names and hasattr(kernel, "_init_extra"):
@@ -298,15 +294,19 @@ class _Batch:
         """Serve only ``arm_ids``: every slot is refilled with a fork of a surviving chain.
 
         Slot j goes to survivor j mod s and continues from that arm's current state with a
-        fresh random key, so the compiled shape (and program) is kept and no slot idles.
+        fresh random key, so the compiled shape (and program) is kept.  Each survivor gets
+        ⌊slots/s⌋ chains (equal shares); the draws of the slots left over are dropped.
         """
-        slots = len(self.owner)
+        slots, s = len(self.owner), len(arm_ids)
         current = {a: int(np.flatnonzero(self.owner == a)[0]) for a in arm_ids}
-        src = np.asarray([current[arm_ids[j % len(arm_ids)]] for j in range(slots)])
+        src = np.asarray([current[arm_ids[j % s]] for j in range(slots)])
         state = jax.tree.map(lambda x: x[src], self.state)
         self.state = state._replace(rng_key=random.split(rng_key, slots))
         self.values = {k: v[src] for k, v in self.values.items()}
-        self.owner = self.owner[src]
+        # every survivor gets ⌊slots/s⌋ chains; leftover slots run but their draws are dropped
+        owner = self.owner[src]
+        owner[(slots // s) * s:] = -1
+        self.owner = owner
         self.arm_ids = list(arm_ids)
 
 
@@ -341,13 +341,21 @@ def _make_batches(make_kernel, arms, vectorize, rng_key, init_params, model_args
     keys = random.split(rng_key, len(groups))
     batches = []
     for members, key in zip(groups, keys):
+        if init_params is None:
+            inits = None
+        elif isinstance(init_params, list):  # one dict per arm
+            inits = jax.tree.map(lambda *v: jnp.stack(v), *[init_params[i] for i in members])
+        else:
+            inits = jax.tree.map(
+                lambda v: jnp.broadcast_to(jnp.asarray(v), (len(members),) + jnp.shape(v)), init_params
+            )
         names = (
             _vectorisable([kernels[i] for i in members], [arms[i] for i in members])
             if len(members) > 1 else ()
         )
         batches.append(
             _Batch(members, [kernels[i] for i in members], [arms[i] for i in members], names, key,
-                   init_params, model_args, model_kwargs, thin)
+                   inits, model_args, model_kwargs, thin)
         )
     return batches
 
@@ -358,30 +366,55 @@ def _make_batches(make_kernel, arms, vectorize, rng_key, init_params, model_args
 class _Scorer:
     """Scores the thinned draws of an arm: KSD/FSSD with full-data scores, or a user metric."""
 
-    def __init__(self, kernel, model_args, model_kwargs, metric, preconditioner, score_draws,
-                 ksd_options, start_point):
+    def __init__(self, model, model_args, model_kwargs, metric, preconditioner, score_draws,
+                 ksd_options, need_laplace):
         self.metric = metric
         self.score_draws = score_draws
         self.ksd_options = dict(ksd_options or {})
+        self.postprocess = None  # set by attach() once a kernel is initialised
+        self.scores = ModelScores(model, model_args, model_kwargs)
+        self.mode = self.laplace_scales = None
+        if need_laplace or (isinstance(preconditioner, str) and preconditioner == "laplace"):
+            self.mode, self.laplace_scales = self._laplace()
+        self.scales = self._scales(preconditioner)
+
+    def attach(self, kernel, model_args, model_kwargs):
+        """Use ``kernel``'s ``postprocess_fn`` to constrain draws (after its ``init``)."""
         self.postprocess = jax.jit(jax.vmap(kernel.postprocess_fn(model_args, model_kwargs)))
-        self.scores = ModelScores(kernel.model, model_args, model_kwargs)
-        self.scales = self._scales(preconditioner, start_point)
 
-    def _scales(self, preconditioner, start_point):
-        from numpyro_sg.diagnostics.ksd import laplace_scales
+    def _laplace(self):
+        """(mode, scales) of the full-data posterior, by damped Newton from 0, else from a
+        random point in (−2, 2) (as ``init_to_uniform``) on the unconstrained space."""
+        from numpyro_sg.diagnostics.ksd import laplace_approximation
 
+        try:
+            score_fn = self.scores.score_fn()
+        except ValueError as err:
+            raise ValueError(
+                f"the Laplace approximation (preconditioner='laplace', init_params='laplace') "
+                f"needs a model without discrete latent sites ({err}); pass an array of scales "
+                "or None, and init_params=None."
+            ) from err
+        starts = [np.zeros(self.scores.dim), np.random.default_rng(0).uniform(-2, 2, self.scores.dim)]
+        for k, start in enumerate(starts):
+            try:
+                return laplace_approximation(score_fn, start)
+            except ValueError:
+                if k == len(starts) - 1:
+                    raise
+
+    def laplace_draws(self, num, rng_key) -> list:
+        """``num`` unconstrained starting points {site: value} drawn from N(mode, diag(s²))."""
+        z = np.asarray(random.normal(rng_key, (num, self.scores.dim)), float)
+        flat = self.mode + z * self.laplace_scales
+        return [self.scores._unravel(jnp.asarray(f, jnp.result_type(float))) for f in flat]
+
+    def _scales(self, preconditioner):
         if preconditioner is None:
             return None
         if isinstance(preconditioner, str):
             if preconditioner == "laplace":
-                try:
-                    score_fn = self.scores.score_fn()
-                except ValueError as err:
-                    raise ValueError(
-                        f"preconditioner='laplace' needs a model without discrete latent sites "
-                        f"({err}); pass an array of scales or None."
-                    ) from err
-                return laplace_scales(score_fn, start_point)
+                return self.laplace_scales
             raise ValueError(
                 f"preconditioner must be 'laplace', an array of per-coordinate scales or None; "
                 f"got {preconditioner!r}. ('sd' would scale every arm by its own sd, and "
@@ -472,15 +505,28 @@ def _tune(make_kernel, grid, *, model_args, model_kwargs, time_budget, eta, metr
     M = len(arms)
     num_rounds = max(int(math.floor(math.log(M) / math.log(eta) + 1e-9)), 1) if halving else 1
 
-    batches = _make_batches(make_kernel, arms, vectorize, rng_key, init_params, model_args,
+    laplace_init = isinstance(init_params, str)
+    if laplace_init and init_params != "laplace":
+        raise ValueError(f"init_params must be None, 'laplace' or a dict of site values; got {init_params!r}.")
+    try:
+        probe = make_kernel(**arms[0])
+    except TypeError as err:
+        raise ValueError(
+            f"make_kernel(**{arms[0]}) failed: {err}. Every grid keyword must be an argument of "
+            "the kernel factory (e.g. step_size, subsample_size, variant)."
+        ) from err
+    model = getattr(probe, "model", None)
+    if model is None:
+        raise TypeError(f"make_kernel must return a numpyro_sg kernel; got {type(probe).__name__}.")
+    key_batches, key_init = random.split(rng_key)
+    scorer = _Scorer(model, model_args, model_kwargs, metric, preconditioner, score_draws,
+                     ksd_options, need_laplace=laplace_init)
+    if laplace_init:
+        init_params = scorer.laplace_draws(M, key_init)
+    batches = _make_batches(make_kernel, arms, vectorize, key_batches, init_params, model_args,
                             model_kwargs, thin)
     batch_arms = [list(b.arm_ids) for b in batches]
-    first = batches[0]
-    start_point = np.asarray(
-        jax.flatten_util.ravel_pytree(jax.tree.map(lambda v: v[0], first.state.z))[0], float
-    )
-    scorer = _Scorer(first.kernel, model_args, model_kwargs, metric, preconditioner, score_draws,
-                     ksd_options, start_point)
+    scorer.attach(batches[0].kernel, model_args, model_kwargs)
 
     overhead = {"setup": time.perf_counter() - start_all, "compile": 0.0, "score": 0.0}
     draws: dict[int, list] = {i: [] for i in range(M)}
@@ -589,14 +635,18 @@ _DOC_ARGS = """
     :param rng_key: ``jax.random.PRNGKey`` (default ``PRNGKey(0)``).
     :param preconditioner: the one common KSD/FSSD scale for every arm: ``"laplace"``
         (default: √diag((−H)⁻¹) at the mode of the full-data posterior, found by damped
-        Newton from the first arm's start point), an array of per-coordinate scales, or
+        Newton from 0 on the unconstrained space), an array of per-coordinate scales, or
         ``None`` (the papers' raw form).
     :param score_draws: each arm is scored on at most this many evenly spaced thinned draws
         (default 500; ``None`` for all). Each costs one full-data gradient per draw.
     :param dict ksd_options: options of :func:`numpyro_sg.ksd` (``c``, ``beta``, …) or of
         :func:`numpyro_sg.fssd`.
-    :param init_params: unconstrained initial values (a dict of site values) for every arm;
-        default: each kernel's ``init_strategy``.
+    :param init_params: where the chains start: ``None`` (default: each kernel's
+        ``init_strategy``), ``"laplace"`` (each arm from its own draw of the Laplace
+        approximation N(mode, diag(s²)) of the full-data posterior on the unconstrained space —
+        near the posterior, so short rounds compare the arms' stationary behaviour rather than
+        how fast they leave a poor start; paper 002 starts its samplers near the MAP), or a
+        dict of unconstrained site values for every arm.
     :param bool vectorize: run arms that differ only in ``step_size``/``temperature`` as one
         vmapped batch (default True).
     :return: a :class:`TuningResult`.

@@ -54,6 +54,11 @@ def test_mamba_finds_planted_arm_and_respects_budget(data):
     np.testing.assert_allclose(per_round, 1.5, rtol=0.25)
     # one vectorised batch per subsample size: step sizes share a compiled batch
     assert sorted(len(b) for b in res.batches) == [5, 5]
+    # after pruning, survivors of one batch get equal numbers of forked chains (5 slots,
+    # 2 survivors: 2 chains each, the fifth slot's draws dropped), so equal iterations
+    last = rounds[rounds["round"] == 1]
+    for _, same_batch in last.groupby("subsample_size"):
+        assert same_batch["iterations"].nunique() == 1
     assert res.elapsed >= rounds["seconds"].sum()
     assert set(res.overhead) >= {"setup", "compile", "score"}
 
@@ -76,6 +81,21 @@ def test_mamba_result_is_a_usable_posterior(data):
     assert idata.posterior.attrs["sampling_time"] == pytest.approx(
         res.rounds.loc[res.rounds["arm"] == 1, "seconds"].sum()
     )
+
+
+def test_laplace_start(data):
+    X, y = data
+    mean, cov = linear_posterior(X, y)
+    sd = np.sqrt(np.diag(cov))
+    res = nsg.mamba(make_sgld, {"step_size": PLANTED}, data, time_budget=1.0,
+                    init_params="laplace")
+    assert res.best_params["step_size"] == GOOD
+    # the Laplace approximation of a Gaussian posterior is exact: a barely moving chain
+    # stays where it started, at a draw from the posterior (within 5 sd)
+    theta = res.idata.posterior["theta"].values.reshape(-1, 3)
+    assert np.all(np.abs(theta.mean(0) - mean) < 5 * sd)
+    with pytest.raises(ValueError, match="init_params must be"):
+        nsg.mamba(make_sgld, {"step_size": [GOOD]}, data, init_params="map")
 
 
 def test_fssd_metric_and_unvectorised_arms(data):

@@ -52,6 +52,7 @@ __all__ = [
     "ksd_sums",
     "resolve_scales",
     "laplace_scales",
+    "laplace_approximation",
     "signed_sqrt",
 ]
 
@@ -242,7 +243,12 @@ def sd_scales(x) -> np.ndarray:
 
 
 def laplace_scales(score, init, num_steps: int = 50, tol: float = 1e-4) -> np.ndarray:
-    r"""Laplace scales √diag((−H)⁻¹) at the mode of π, H = ∇² log π = ``jax.jacfwd(score)``.
+    r"""Laplace scales √diag((−H)⁻¹) at the mode of π: :func:`laplace_approximation`'s scales."""
+    return laplace_approximation(score, init, num_steps, tol)[1]
+
+
+def laplace_approximation(score, init, num_steps: int = 50, tol: float = 1e-4):
+    r"""Mode of π and Laplace scales √diag((−H)⁻¹) there, H = ∇² log π = ``jax.jacfwd(score)``.
 
     The mode is found by damped Newton steps on the score started at ``init`` (e.g. the mean
     of the draws): θ ← θ + α·(−H + λI)⁻¹·s(θ), λ = 0 while −H is positive definite (else just
@@ -254,7 +260,7 @@ def laplace_scales(score, init, num_steps: int = 50, tol: float = 1e-4) -> np.nd
     :param init: start point, shape (d,).
     :param int num_steps: maximal number of Newton steps.
     :param float tol: convergence tolerance, in units of the Laplace sd.
-    :return: float64 array (d,) of positive scales.
+    :return: ``(mode, scales)``, float64 arrays (d,) (the scales positive).
     :raises ValueError: if the iteration does not converge in ``num_steps`` steps, produces
         non-finite values, or the Hessian at the mode is not negative definite.
     """
@@ -333,7 +339,7 @@ def laplace_scales(score, init, num_steps: int = 50, tol: float = 1e-4) -> np.nd
     scales = np.sqrt(np.sum(inv_chol**2, axis=0))  # diag((L Lᵀ)⁻¹) = column sums of (L⁻¹)²
     if not np.all(np.isfinite(scales) & (scales > 0)):
         raise ValueError(f"laplace_scales: non-positive or non-finite scales {scales!r}.")
-    return scales
+    return theta, scales
 
 
 def resolve_scales(preconditioner, x, score=None):
