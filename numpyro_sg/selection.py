@@ -29,6 +29,7 @@ __all__ = [
     "posterior_mean",
     "selection_metrics",
     "selection_summary",
+    "relative_error",
     "plot_inclusion_probabilities",
 ]
 
@@ -145,6 +146,37 @@ def selection_summary(obj, beta_true, *, beta_name: str = "beta", thin: int = 10
     out = {"inclusion": probs, "selected": sel, "beta_hat": bhat}
     out.update(selection_metrics(sel, bhat, beta_true))
     return out
+
+
+def relative_error(obj, theta_true, *, var_name: str = "beta", last: int | None = 1000):
+    r"""Relative error 𝓔 of paper 003, eq. (21) (SPEC §6).
+
+    𝓔 = mean over the last ``last`` draws k of ‖θ⁽ᵏ⁾·δ⁽ᵏ⁾ − θ*‖₂ / ‖θ*‖₂, computed per chain
+    and averaged over chains.  ``obj`` is an ``MCMC``, an ``InferenceData``, a dict of samples
+    (``var_name``, default ``"beta"`` = θ·δ) or an array of draws (draws, p) or
+    (chains, draws, p); ``last=None`` uses every draw.
+    """
+    if hasattr(obj, "get_samples"):
+        arr = np.asarray(obj.get_samples(group_by_chain=True)[var_name])
+    elif hasattr(obj, "posterior"):
+        arr = np.asarray(obj.posterior[var_name].values)
+    elif isinstance(obj, dict):
+        arr = np.asarray(obj[var_name])[None]
+    else:
+        arr = np.asarray(obj)
+        arr = arr[None] if arr.ndim == 2 else arr
+    if arr.ndim != 3:
+        raise ValueError(f"expected draws of shape (draws, p) or (chains, draws, p), got {arr.shape}.")
+    truth = np.asarray(theta_true, np.float64)
+    if arr.shape[-1] != truth.shape[-1]:
+        raise ValueError(f"draws have p = {arr.shape[-1]} but theta_true has {truth.shape[-1]} entries.")
+    norm = np.linalg.norm(truth)
+    if norm == 0:
+        raise ValueError("theta_true is zero: the relative error is undefined.")
+    if last is not None:
+        arr = arr[:, -int(last):]
+    err = np.linalg.norm(arr.astype(np.float64) - truth, axis=-1) / norm
+    return float(err.mean())
 
 
 def plot_inclusion_probabilities(probs_or_run, beta_true=None, *, ax=None, threshold: float = 0.5, names=None, top: int | None = None):

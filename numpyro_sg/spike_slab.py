@@ -52,6 +52,11 @@ Other continuous latent sites (an unselected intercept, a noise scale, …) are 
       prior's dependence on γ exactly when ``per_coordinate_prior`` is True (checked at
       construction on random θ, γ; False e.g. for a slab variance that depends on size(γ));
       otherwise use :meth:`SpikeSlab.prior_fn`;
+    * :meth:`SpikeSlab.coordinate_normal_fn` → ``f(values) -> CoordinateNormal``: prior
+      log-odds of inclusion and the Normal spike/slab parameters per coordinate (p,) (an
+      error when θ_j | γ_j is not Normal); :meth:`SpikeSlab.spike_sample_fn` →
+      ``f(key, values)``: θ drawn from its prior under γ = 0; :meth:`SpikeSlab.design_fn` →
+      ``f(values)``: the full design array X (N, p) of a GLM likelihood, without X·β;
     * :meth:`SpikeSlab.glm_batch_fn` → ``f(values, beta, indices=None) -> GLMBatch`` (only
       when ``glm`` is not None; ``indices=None``: all N data, X not copied): the design rows X_S (n, p), the linear predictor
       η = offset + X_S·β (n,), the observations y (n,), the family's other parameters and
@@ -99,6 +104,7 @@ __all__ = [
     "find_spike_slab",
     "SpikeSlab",
     "CoordinatePrior",
+    "CoordinateNormal",
     "GLMInfo",
     "GLMBatch",
     "GLMFamily",
@@ -211,6 +217,20 @@ class CoordinatePrior(NamedTuple):
     indicator1: Any
     coefficient0: Any
     coefficient1: Any
+
+
+class CoordinateNormal(NamedTuple):
+    """Per-coordinate Normal spike and slab, each of shape (p,).
+
+    ``logit_prior`` = log p(γ_j = 1) − log p(γ_j = 0); θ_j | γ_j = 0 ~ N(``spike_loc``,
+    ``spike_scale``²) and θ_j | γ_j = 1 ~ N(``slab_loc``, ``slab_scale``²).
+    """
+
+    logit_prior: Any
+    spike_loc: Any
+    spike_scale: Any
+    slab_loc: Any
+    slab_scale: Any
 
 
 class GLMBatch(NamedTuple):
@@ -469,6 +489,81 @@ class SpikeSlab:
             raise SpikeSlabError("This model has no detected GLM likelihood (SpikeSlab.glm is None).")
         model_kwargs = model_kwargs or {}
         return _glm_batch_fn(self, self.glm, model_args, model_kwargs)
+
+    def design_fn(self, model_args=(), model_kwargs=None) -> Callable:
+        """``f(values) -> X``: the full (N, p) design array of the GLM likelihood (needs ``glm``).
+
+        No copy and no product with β: under ``jit`` the model's own X·β is dead code and is
+        removed, so this is O(1) work (used by SparseAsync's fast path to gather columns).
+        """
+        if self.glm is None:
+            raise SpikeSlabError("This model has no detected GLM likelihood (SpikeSlab.glm is None).")
+        model_kwargs = model_kwargs or {}
+        kind, where = self.glm.source
+        if kind in ("arg", "kwarg"):
+            return lambda values: _design(self.glm, None, model_args, model_kwargs)
+        ones = jnp.ones((self.num_coefficients,), jnp.int32)
+
+        def design(values):
+            m = substitute(self.conditioned(ones), data=dict(values))
+            rec = _record_subsample(self._run(m, self.first_indices(1)))
+            trace(seed(rec, rng_seed=0)).get_trace(*model_args, **model_kwargs)
+            return _design(self.glm, rec, model_args, model_kwargs)
+
+        return design
+
+    def coordinate_normal_fn(self, model_args=(), model_kwargs=None) -> Callable:
+        """``f(values) -> CoordinateNormal`` when θ_j | γ_j is a per-coordinate Normal.
+
+        Reads the coefficient site's distribution under γ = 0 (spike) and γ = 1 (slab) and the
+        indicator's prior log-odds, each as a (p,) array.  Raises :class:`SpikeSlabError` when
+        the coefficient's distribution is not (an Independent/expanded) ``Normal``.
+        """
+        model_kwargs = model_kwargs or {}
+        p = self.num_coefficients
+
+        def one(values, gamma):
+            m = substitute(self.conditioned(gamma), data=dict(values))
+            if self.plate is not None:
+                m = _zero_plate_sites(with_indices(m, self.first_indices(1)), self.plate.name)
+            tr = trace(seed(m, rng_seed=0)).get_trace(*model_args, **model_kwargs)
+            base = _strip(tr[self.coefficient]["fn"])
+            if not isinstance(base, dist.Normal):
+                raise SpikeSlabError(
+                    f"coefficient site {self.coefficient!r} has distribution "
+                    f"{type(base).__name__}; a per-coordinate Normal spike/slab is needed here."
+                )
+            loc = jnp.broadcast_to(base.loc, (p,))
+            scale = jnp.broadcast_to(base.scale, (p,))
+            return tr[self.indicator]["fn"], loc, scale
+
+        def coordinate_normal(values):
+            zeros, ones = jnp.zeros((p,), jnp.int32), jnp.ones((p,), jnp.int32)
+            ind, loc0, scale0 = one(values, zeros)
+            _, loc1, scale1 = one(values, ones)
+            logit = _per_element_log_prob(ind, ones) - _per_element_log_prob(ind, zeros)
+            return CoordinateNormal(logit, loc0, scale0, loc1, scale1)
+
+        return coordinate_normal
+
+    def spike_sample_fn(self, model_args=(), model_kwargs=None) -> Callable:
+        """``f(key, values) -> theta``: a draw of θ (p,) from its prior given γ = 0 (the spike).
+
+        Coordinates of a per-coordinate prior are independent, so entry j is a draw of
+        θ_j | γ_j = 0 (SparseAsync refreshes excluded coordinates with it), O(p).
+        """
+        model_kwargs = model_kwargs or {}
+        zeros = jnp.zeros((self.num_coefficients,), jnp.int32)
+
+        def spike_sample(key, values):
+            vals = {k: v for k, v in dict(values).items() if k != self.coefficient}
+            m = substitute(self.conditioned(zeros), data=vals)
+            if self.plate is not None:
+                m = _zero_plate_sites(with_indices(m, self.first_indices(1)), self.plate.name)
+            tr = trace(seed(m, rng_seed=0)).get_trace(*model_args, **model_kwargs)
+            return tr[self.coefficient]["fn"].sample(key)
+
+        return spike_sample
 
     def constrain_fn(self, model_args=(), model_kwargs=None) -> Callable:
         """``f(params, gamma) -> values``: unconstrained → constrained continuous values, O(p)."""

@@ -325,22 +325,23 @@ def _make_batches(make_kernel, arms, vectorize, rng_key, init_params, model_args
                 f"make_kernel must return a numpyro_sg kernel (SGLD, SGBD, ESGLD, …); got "
                 f"{type(kernels[-1]).__name__}."
             )
-    groups: list[list[int]] = []
+    groups: list[tuple] = []  # (arm indices, names of the values by which they differ)
     if vectorize:
         by_key: dict = {}
         for i, arm in enumerate(arms):
             key = repr(sorted((k, repr(v)) for k, v in arm.items() if k not in VECTORISABLE))
             by_key.setdefault((type(kernels[i]).__name__, key), []).append(i)
         for members in by_key.values():
-            if len(members) > 1 and _vectorisable([kernels[i] for i in members], [arms[i] for i in members]):
-                groups.append(members)
+            names = _vectorisable([kernels[i] for i in members], [arms[i] for i in members])
+            if len(members) > 1 and names:
+                groups.append((members, names))
             else:
-                groups.extend([[i] for i in members])
+                groups.extend(([i], ()) for i in members)
     else:
-        groups = [[i] for i in range(len(arms))]
+        groups = [([i], ()) for i in range(len(arms))]
     keys = random.split(rng_key, len(groups))
     batches = []
-    for members, key in zip(groups, keys):
+    for (members, names), key in zip(groups, keys):
         if init_params is None:
             inits = None
         elif isinstance(init_params, list):  # one dict per arm
@@ -349,10 +350,6 @@ def _make_batches(make_kernel, arms, vectorize, rng_key, init_params, model_args
             inits = jax.tree.map(
                 lambda v: jnp.broadcast_to(jnp.asarray(v), (len(members),) + jnp.shape(v)), init_params
             )
-        names = (
-            _vectorisable([kernels[i] for i in members], [arms[i] for i in members])
-            if len(members) > 1 else ()
-        )
         batches.append(
             _Batch(members, [kernels[i] for i in members], [arms[i] for i in members], names, key,
                    inits, model_args, model_kwargs, thin)

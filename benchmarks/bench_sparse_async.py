@@ -1,0 +1,160 @@
+"""SparseAsync (paper 003): speed per iteration and accuracy, exact vs async vs SA-SGLD.
+
+Speed (``--part speed``): per-iteration time of the kernel's own step, measured by the
+*difference of two run lengths* of a jitted ``lax.fori_loop`` over ``kernel.sample`` (compiled
+ahead of time, so compilation cancels; no draws are collected, which would add an O(p) copy per
+iteration that is MCMC's, not the kernel's).  Each chain starts at the true support (θ = θ*, |δ| = 10)
+and runs 300 iterations first.  Fastest of ``--repeats`` rounds.
+
+* ratio exact / async at p = 5,000, N = 2,500 (§4.1 set-up, ϱ = 0, J = 100);
+* async time per iteration at p = 1,000, 5,000, 20,000 with N = 500, |δ| ≈ 10 and J = 100 fixed.
+
+Accuracy (``--part accuracy``): relative error 𝓔 (mean over the last 1,000 iterations of
+‖θ·δ − θ*‖/‖θ*‖) of exact and async on §4.1 linear data, p = 1,000 (N = 500), ϱ ∈ {0, 0.9},
+``--seeds`` data sets, 2,000 iterations (1,000 warmup + 1,000 kept), J = 100, paper priors
+(ρ0 = N, ρ1 = 1, u = 1.5), start δ = 0 with θ from the spike; and (``--part logistic``) exact
+(MALA), async (MALA) and SA-SGLD (B = 100, ε = 0.01) on §4.2 logistic data, p = 1,000, N = 500,
+started at the true support (the paper starts at a lasso fit).
+
+Usage::
+
+    python benchmarks/bench_sparse_async.py --part speed
+    python benchmarks/bench_sparse_async.py --part accuracy --seeds 3
+    python benchmarks/bench_sparse_async.py --part accuracy --seeds 3 --rho 0.9 --sensitive
+    python benchmarks/bench_sparse_async.py --part accuracy --seeds 3 --p 5000 --rho 0
+    python benchmarks/bench_sparse_async.py --part logistic --seeds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from numpyro.infer import MCMC
+
+import numpyro_sg as nsg
+from numpyro_sg import datasets as ds
+from numpyro_sg.selection import relative_error
+
+
+def _per_iteration(variant, X, y, truth, repeats=2, short=100, long=400, J=100, seed=0):
+    kernel = nsg.SparseAsync(ds.sparse_async_linear_model, variant, update_size=J)
+    args = (jnp.asarray(X), jnp.asarray(y))
+    # start at the true support so that |δ| ≈ 10 in every configuration
+    init = {"theta": jnp.asarray(truth), "delta": jnp.asarray((truth != 0).astype(np.int32))}
+    state = kernel.init(jax.random.PRNGKey(seed), 0, init, args, {})
+
+    def loop(n):
+        def run(state, X, y):
+            return jax.lax.fori_loop(0, n, lambda _, s: kernel.sample(s, (X, y), {}), state)
+
+        return jax.jit(run).lower(state, *args).compile()
+
+    warm = loop(300)
+    state = jax.block_until_ready(warm(state, *args))
+    f_short, f_long = loop(short), loop(long)
+    best = {short: np.inf, long: np.inf}
+    for _ in range(repeats):
+        for n, f in ((short, f_short), (long, f_long)):
+            t = time.perf_counter()
+            jax.block_until_ready(f(state, *args))
+            best[n] = min(best[n], time.perf_counter() - t)
+    return (best[long] - best[short]) / (long - short), int(state.model_size)
+
+
+def speed(repeats):
+    out = {}
+    X, y, truth = ds.simulate_sparse_linear(5000, seed=0)
+    for variant in ("exact", "async"):
+        t, k = _per_iteration(variant, X, y, truth, repeats)
+        out[f"p5000_{variant}"] = t
+        print(f"p = 5,000, N = 2,500, {variant:5s}: {t * 1e3:.3f} ms/iteration (|δ| = {k})", flush=True)
+    out["ratio_exact_over_async_p5000"] = out["p5000_exact"] / out["p5000_async"]
+    print(f"ratio exact / async at p = 5,000: {out['ratio_exact_over_async_p5000']:.1f}", flush=True)
+    for p in (1000, 5000, 20000):
+        X, y, truth = ds.simulate_sparse_linear(p, num_data=500, seed=0)
+        t, k = _per_iteration("async", X, y, truth, repeats)
+        out[f"async_N500_p{p}"] = t
+        print(f"async, N = 500, p = {p:6d}: {t * 1e3:.3f} ms/iteration (|δ| = {k})", flush=True)
+    out["growth_p1000_to_p20000"] = out["async_N500_p20000"] / out["async_N500_p1000"]
+    print(f"growth of async's time per iteration, p = 1,000 → 20,000: {out['growth_p1000_to_p20000']:.2f}×")
+    return out
+
+
+def _run(model, variant, X, y, seed, init=None, **kw):
+    kernel = nsg.SparseAsync(model, variant, update_size=100, **kw)
+    mcmc = MCMC(kernel, num_warmup=1000, num_samples=1000, progress_bar=False)
+    t = time.perf_counter()
+    mcmc.run(jax.random.PRNGKey(seed), X, y, init_params=init, extra_fields=("model_size",))
+    wall = time.perf_counter() - t
+    return mcmc, wall
+
+
+def accuracy(seeds, p=1000, rhos=(0.0, 0.9), sensitive=False):
+    out = {}
+    for rho in rhos:
+        for seed in range(seeds):
+            X, y, truth = ds.simulate_sparse_linear(p, correlation=rho, seed=seed)
+            runs = [("exact", {}), ("async", {})] + ([("async-sensitive", {"taylor": "sensitive"})] if sensitive else [])
+            for variant, kw in runs:
+                mcmc, wall = _run(ds.sparse_async_linear_model, variant.split("-")[0], X, y, seed, **kw)
+                err = relative_error(mcmc, truth)
+                size = float(np.median(np.asarray(mcmc.get_extra_fields()["model_size"])))
+                out.setdefault(f"rho{rho}_{variant}", []).append(err)
+                print(f"linear p={p} ϱ={rho} seed={seed} {variant:5s}: 𝓔 = {err:.4f}, median |δ| = {size:.0f}, "
+                      f"{wall:.1f} s", flush=True)
+        e, a = np.mean(out[f"rho{rho}_exact"]), np.mean(out[f"rho{rho}_async"])
+        print(f"ϱ = {rho}: mean 𝓔 exact {e:.4f}, async {a:.4f}, ratio {a / e:.2f}", flush=True)
+        if sensitive:
+            a2 = np.mean(out[f"rho{rho}_async-sensitive"])
+            print(f"ϱ = {rho}: mean 𝓔 async (taylor='sensitive') {a2:.4f}, ratio {a2 / e:.2f}", flush=True)
+    return out
+
+
+def logistic(seeds, p=1000):
+    out = {}
+    for seed in range(seeds):
+        X, y, truth = ds.simulate_sparse_logistic(p, seed=seed)
+        init = {"theta": jnp.asarray(truth), "delta": jnp.asarray((truth != 0).astype(np.int32))}
+        for variant, kw in (
+            ("exact", {}),
+            ("async", {}),
+            ("sgld", {"subsample_size": 100, "step_size": 0.01}),
+        ):
+            mcmc, wall = _run(ds.sparse_async_logistic_model, variant, X, y, seed, init=init, **kw)
+            err = relative_error(mcmc, truth)
+            out.setdefault(variant, []).append(err)
+            print(f"logistic p={p} seed={seed} {variant:5s}: 𝓔 = {err:.4f}, {wall:.1f} s", flush=True)
+    e = np.mean(out["exact"])
+    for v in ("async", "sgld"):
+        print(f"logistic: mean 𝓔 {v} {np.mean(out[v]):.4f} vs exact {e:.4f}: ratio {np.mean(out[v]) / e:.2f}")
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("speed", "accuracy", "logistic"), default="speed")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--p", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--rho", type=float, nargs="+", default=[0.0, 0.9])
+    ap.add_argument("--sensitive", action="store_true", help="also run async with taylor='sensitive'")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    if a.part == "speed":
+        res = speed(a.repeats)
+    elif a.part == "accuracy":
+        res = accuracy(a.seeds, a.p, tuple(a.rho), a.sensitive)
+    else:
+        res = logistic(a.seeds, a.p)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
