@@ -12,7 +12,6 @@ def demo(num_data=100_000, dim=10, subsample_size=5000, num_warmup=1500, num_sam
          cache_dir=None):
     """Simulate a logistic regression, run SGBD and SGLD on it, print an ArviZ summary of each
     with its KSD; then run NUTS on the full data and compare both runs with it."""
-    import arviz as az
     import jax
     import numpy as np
     from numpyro.infer import MCMC

@@ -110,6 +110,8 @@ __all__ = [
     "GLMFamily",
     "GLM_FAMILIES",
     "SpikeSlabError",
+    "site_types",
+    "effective_site_name",
 ]
 
 
@@ -811,6 +813,25 @@ def find_spike_slab(
         glm=info,
         deterministic_in_plate=det_in_plate,
     )
+
+
+def site_types(model, model_args=(), model_kwargs=None) -> dict:
+    """``{site name: site type}`` of one cheap trace of ``model`` (plates on their first indices)."""
+    return {name: site["type"] for name, site in _trace_model(model, model_args, model_kwargs).items()}
+
+
+def effective_site_name(ss: "SpikeSlab", existing: dict, requested=None) -> str:
+    """Name of the output β = θ·γ: ``requested``, else ``"beta"``, else ``"<coefficient>_eff"``.
+
+    A deterministic site of the model may carry the name (the kernels then output the model's
+    own value); any other kind of site with it is an error.  ``existing`` is
+    :func:`site_types` of the model.
+    """
+    if requested is None:
+        return "beta" if existing.get("beta", "deterministic") == "deterministic" else f"{ss.coefficient}_eff"
+    if existing.get(requested, "deterministic") != "deterministic":
+        raise ValueError(f"effective_name={requested!r} is already a {existing[requested]} site of the model.")
+    return requested
 
 
 def _prior_depends_on_indicator(model, model_args, model_kwargs, tr, indicator, name, p):

@@ -55,7 +55,7 @@ import numpy as np
 import pandas as pd
 from jax import lax, random
 
-from numpyro_sg.diagnostics.model_scores import ModelScores, stein_arrays, stein_dataset
+from numpyro_sg.diagnostics.model_scores import ModelScores, stein_dataset
 
 __all__ = ["mamba", "grid_search", "heuristic_step_size", "TuningResult", "grid_arms"]
 

@@ -42,7 +42,7 @@ from numpyro_sg.minibatch import (
     with_indices,
 )
 
-__all__ = ["SGKernel", "DivergenceWarning", "jit_with_data", "ema"]
+__all__ = ["SGKernel", "DivergenceWarning", "jit_with_data", "split_init_key", "ema"]
 
 
 class DivergenceWarning(UserWarning):
@@ -143,12 +143,7 @@ class SGKernel(MCMCKernel):
             self._model, plates, model_args, model_kwargs
         )
 
-        batched = not is_prng_key(rng_key)
-        if batched:
-            keys = jax.vmap(lambda k: random.split(k, 2))(rng_key)
-            rng_key, key_init = keys[:, 0], keys[:, 1]
-        else:
-            rng_key, key_init = random.split(rng_key)
+        batched, rng_key, key_init = split_init_key(rng_key)
         if init_params is None:
             first_batch = {p.name: jnp.arange(p.subsample_size) for p in plates}
             info = initialize_model(
@@ -287,6 +282,17 @@ class SGKernel(MCMCKernel):
     def _update(self, state, flat, key):  # pragma: no cover - abstract
         """One move from ``flat`` using ``state.z_grad``/``state.grad_noise_sd``."""
         raise NotImplementedError
+
+
+def split_init_key(rng_key):
+    """``(batched, chain_key, init_key)``: a key, or a batch of keys (``chain_method=
+    "vectorized"``), split into the chain's key and the key for the initial values."""
+    batched = not is_prng_key(rng_key)
+    if batched:
+        keys = jax.vmap(lambda k: random.split(k, 2))(rng_key)
+        return True, keys[:, 0], keys[:, 1]
+    rng_key, key_init = random.split(rng_key)
+    return False, rng_key, key_init
 
 
 def jit_with_data(fn, model_args, model_kwargs):

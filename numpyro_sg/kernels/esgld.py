@@ -54,11 +54,10 @@ from jax import lax, random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.initialization import init_to_sample, init_to_uniform
 from numpyro.infer.util import constrain_fn, initialize_model
-from numpyro.util import is_prng_key
 
-from numpyro_sg.kernels.base import SGKernel, _all_finite, jit_with_data
-from numpyro_sg.minibatch import Minibatcher, _trace_model, discover_plates, full_data, with_indices
-from numpyro_sg.spike_slab import find_spike_slab
+from numpyro_sg.kernels.base import SGKernel, _all_finite, jit_with_data, split_init_key
+from numpyro_sg.minibatch import Minibatcher, discover_plates, full_data, with_indices
+from numpyro_sg.spike_slab import effective_site_name, find_spike_slab, site_types
 
 __all__ = [
     "ESGLD",
@@ -459,13 +458,8 @@ class ESGLD(SGKernel):
         self._weight_kind = kind
         self._mb = Minibatcher(self._model, plates, replace=self._replace)
         self._full_batch = ss.plate.subsample_size == ss.plate.size
-        tr = _trace_model(self._model, model_args, model_kwargs)
-        existing = {name: site["type"] for name, site in tr.items()}
-        eff = self._effective_name
-        if eff is None:
-            eff = "beta" if existing.get("beta", "deterministic") == "deterministic" else f"{ss.coefficient}_eff"
-        elif existing.get(eff, "deterministic") != "deterministic":
-            raise ValueError(f"effective_name={eff!r} is already a {existing[eff]} site of the model.")
+        existing = site_types(self._model, model_args, model_kwargs)
+        eff = effective_site_name(ss, existing, self._effective_name)
         if self.inclusion_name in existing:
             raise ValueError(f"inclusion_name={self.inclusion_name!r} is a site of the model; pick another.")
         self.effective_name = eff
@@ -476,12 +470,7 @@ class ESGLD(SGKernel):
         self._num_warmup = int(num_warmup)
         self._setup(model_args, model_kwargs)
         ss, p, q = self._ss, self._ss.num_coefficients, self._q
-        batched = not is_prng_key(rng_key)
-        if batched:
-            keys = jax.vmap(lambda k: random.split(k, 2))(rng_key)
-            rng_key, key_init = keys[:, 0], keys[:, 1]
-        else:
-            rng_key, key_init = random.split(rng_key)
+        batched, rng_key, key_init = split_init_key(rng_key)
         gamma0 = None
         if init_params is not None:
             init_params = dict(init_params)

@@ -57,12 +57,11 @@ import numpy as np
 from jax import lax, random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import constrain_fn, initialize_model
-from numpyro.util import is_prng_key
 
-from numpyro_sg.kernels.base import SGKernel, _all_finite, jit_with_data
+from numpyro_sg.kernels.base import SGKernel, _all_finite, jit_with_data, split_init_key
 from numpyro_sg.kernels.esgld import init_to_spike
-from numpyro_sg.minibatch import Minibatcher, _trace_model, full_data
-from numpyro_sg.spike_slab import SpikeSlabError, find_spike_slab
+from numpyro_sg.minibatch import Minibatcher, full_data
+from numpyro_sg.spike_slab import SpikeSlabError, effective_site_name, find_spike_slab, site_types
 
 __all__ = [
     "SparseAsync",
@@ -395,13 +394,8 @@ class SparseAsync(SGKernel):
         if eps is None:
             eps = 0.01 if sgld else 0.02
         self._eps0 = float(eps)
-        tr = _trace_model(self._model, model_args, model_kwargs)
-        existing = {name: site["type"] for name, site in tr.items()}
-        eff = self._effective_name
-        if eff is None:
-            eff = "beta" if existing.get("beta", "deterministic") == "deterministic" else f"{ss.coefficient}_eff"
-        elif existing.get(eff, "deterministic") != "deterministic":
-            raise ValueError(f"effective_name={eff!r} is already a {existing[eff]} site of the model.")
+        existing = site_types(self._model, model_args, model_kwargs)
+        eff = effective_site_name(ss, existing, self._effective_name)
         self.effective_name = eff
 
     # -- init ----------------------------------------------------------------------------------
@@ -412,12 +406,7 @@ class SparseAsync(SGKernel):
         with jax.ensure_compile_time_eval():
             self._setup(model_args, model_kwargs)
         ss, p, m = self._ss, self._ss.num_coefficients, self._m
-        batched = not is_prng_key(rng_key)
-        if batched:
-            keys = jax.vmap(lambda k: random.split(k, 2))(rng_key)
-            rng_key, key_init = keys[:, 0], keys[:, 1]
-        else:
-            rng_key, key_init = random.split(rng_key)
+        batched, rng_key, key_init = split_init_key(rng_key)
         delta0 = None
         if init_params is not None:
             init_params = dict(init_params)
