@@ -50,17 +50,21 @@ def main(argv=None):
     parser.add_argument("--init", default="laplace", choices=["laplace", "kernel"],
                         help="start the arms at Laplace draws (default, near the mode as in "
                         "paper 002) or at the kernels' init_strategy")
+    parser.add_argument("--quick", action="store_true", help="a small grid (a smoke test)")
     args = parser.parse_args(argv)
     args.init = None if args.init == "kernel" else args.init
 
     N = args.num_data
     X, y, _ = simulate_logistic_regression(N, dim=10, seed=0)
     batches = [max(N // 10, 1), max(N // 100, 1), max(N // 1000, 1)]
+    sgld_steps = [10.0**e for e in np.arange(-3.0, -7.51, -0.5)]  # paper 002's grid
+    sgbd_steps = [10.0**e for e in np.arange(-1.0, -4.01, -0.5)]
+    if args.quick:  # a 3 × 2 grid per kernel: checks that the script runs
+        batches, sgld_steps, sgbd_steps = batches[:2], sgld_steps[2::3], sgbd_steps[1::2][:3]
     tuners = {
-        "SGLD": (functools.partial(nsg.SGLD, model),
-                 {"step_size": [10.0**e for e in np.arange(-3.0, -7.51, -0.5)], "subsample_size": batches}),
+        "SGLD": (functools.partial(nsg.SGLD, model), {"step_size": sgld_steps, "subsample_size": batches}),
         "SGBD": (functools.partial(nsg.SGBD, model, variant="corrected"),
-                 {"step_size": [10.0**e for e in np.arange(-1.0, -4.01, -0.5)], "subsample_size": batches}),
+                 {"step_size": sgbd_steps, "subsample_size": batches}),
     }
     ref = nsg.nuts_reference(model, X, y, num_warmup=500, num_samples=1000,
                              cache_dir=args.cache_dir, progress_bar=False)

@@ -196,7 +196,7 @@ def test_diagnostics_example_runs(tmp_path, capsys):
     script = Path(__file__).resolve().parents[1] / "examples" / "ksd_diagnostics.py"
     module = runpy.run_path(str(script))
     out = tmp_path / "ksd.png"
-    module["main"](["--num-data", "3000", "--num-samples", "300", "--out", str(out)])
+    module["main"](["--num-data", "2000", "--num-samples", "200", "--out", str(out)])
     assert out.stat().st_size > 10_000
     printed = capsys.readouterr().out
     assert "too large" in printed and "ξ(σ̂)" in printed and "mean_err" in printed
