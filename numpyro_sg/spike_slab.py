@@ -80,6 +80,7 @@ makes a failed detection an error that says why.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -88,7 +89,8 @@ import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 from numpyro.handlers import condition, seed, substitute, trace
-from numpyro.infer.util import constrain_fn, potential_energy
+from numpyro.infer.initialization import init_to_sample, init_to_uniform
+from numpyro.infer.util import constrain_fn, initialize_model, potential_energy
 from numpyro.primitives import Messenger
 
 from numpyro_sg.minibatch import (
@@ -112,6 +114,8 @@ __all__ = [
     "SpikeSlabError",
     "site_types",
     "effective_site_name",
+    "init_to_spike",
+    "initial_values",
 ]
 
 
@@ -813,6 +817,52 @@ def find_spike_slab(
         glm=info,
         deterministic_in_plate=det_in_plate,
     )
+
+
+def init_to_spike(site=None, coefficient=None):
+    """Initialisation strategy: the site named ``coefficient`` is drawn from its prior (under
+    γ = 0: the spike), every other continuous site uses ``init_to_uniform``.
+
+    Use as ``init_to_spike(coefficient="theta")``.
+    """
+    if site is None:
+        return partial(init_to_spike, coefficient=coefficient)
+    if site["name"] == coefficient:
+        return init_to_sample(site)
+    return init_to_uniform(site)
+
+
+def initial_values(ss: "SpikeSlab", rng_key, init_params, init_strategy, model_args=(),
+                   model_kwargs=None, num_chains=None, ignore=()):
+    """Starting values ``(continuous unconstrained params, indicator)`` of a spike-and-slab chain.
+
+    ``init_params`` (a dict of unconstrained continuous site values, optionally with the
+    indicator; names in ``ignore`` are dropped) is used as given.  Otherwise the indicator
+    starts at 0 and the continuous sites come from ``init_strategy`` (default
+    :func:`init_to_spike`: the coefficients from the spike, which the search for a model
+    needs — SPEC §5) with the model conditioned on γ = 0.  ``num_chains``: ``None`` for one
+    chain (``rng_key`` a key), else the number of vectorised chains (a batch of keys).
+    """
+    indicator = None
+    if init_params is not None:
+        init_params = dict(init_params)
+        indicator = init_params.pop(ss.indicator, None)
+        for name in ignore:
+            init_params.pop(name, None)
+    p = ss.num_coefficients
+    if not init_params:
+        zeros = jnp.zeros((p,), jnp.int32)
+        info = initialize_model(
+            rng_key,
+            ss._run(ss.conditioned(zeros), ss.first_indices()),
+            init_strategy=init_strategy or init_to_spike(coefficient=ss.coefficient),
+            model_args=model_args,
+            model_kwargs=model_kwargs or {},
+        )
+        init_params = info.param_info.z
+    if indicator is None:
+        indicator = jnp.zeros((p,) if num_chains is None else (num_chains, p), jnp.int32)
+    return init_params, jnp.asarray(indicator)
 
 
 def site_types(model, model_args=(), model_kwargs=None) -> dict:

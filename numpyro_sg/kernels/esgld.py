@@ -44,7 +44,6 @@ step costs m model gradients on the mini-batch.  Nothing is O(N) per iteration.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -52,12 +51,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
 from jax.flatten_util import ravel_pytree
-from numpyro.infer.initialization import init_to_sample, init_to_uniform
-from numpyro.infer.util import constrain_fn, initialize_model
+from numpyro.infer.util import constrain_fn
 
 from numpyro_sg.kernels.base import SGKernel, _all_finite, jit_with_data, split_init_key
 from numpyro_sg.minibatch import Minibatcher, discover_plates, full_data, with_indices
-from numpyro_sg.spike_slab import effective_site_name, find_spike_slab, site_types
+from numpyro_sg.spike_slab import (
+    effective_site_name,
+    find_spike_slab,
+    init_to_spike,
+    initial_values,
+    site_types,
+)
 
 __all__ = [
     "ESGLD",
@@ -231,19 +235,6 @@ def deviance_weights(X, y, family, params=None, newton_steps=8):
     w = jnp.exp(-(d - dmin) / (5.0 * sd) - 0.1)
     w = jnp.where(const, jnp.exp(-0.1), w)
     return jnp.clip(jnp.where(jnp.isfinite(w), w, _W_MIN), _W_MIN, 1 - _W_MIN)
-
-
-def init_to_spike(site=None, coefficient=None):
-    """Initialisation strategy: the site named ``coefficient`` is drawn from its prior (under
-    γ = 0: the spike), every other continuous site uses ``init_to_uniform``.
-
-    Use as ``init_to_spike(coefficient="theta")``.
-    """
-    if site is None:
-        return partial(init_to_spike, coefficient=coefficient)
-    if site["name"] == coefficient:
-        return init_to_sample(site)
-    return init_to_uniform(site)
 
 
 # -------------------------------------------------------------------------------------------
@@ -469,30 +460,15 @@ class ESGLD(SGKernel):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         self._num_warmup = int(num_warmup)
         self._setup(model_args, model_kwargs)
-        ss, p, q = self._ss, self._ss.num_coefficients, self._q
+        ss, q = self._ss, self._q
         batched, rng_key, key_init = split_init_key(rng_key)
-        gamma0 = None
-        if init_params is not None:
-            init_params = dict(init_params)
-            gamma0 = init_params.pop(ss.indicator, None)
-            init_params.pop(self.inclusion_name, None)
-        if init_params is None or not init_params:
-            zeros = jnp.zeros((p,), jnp.int32)
-            strategy = self._init_strategy or init_to_spike(coefficient=ss.coefficient)
-            info = initialize_model(
-                key_init,
-                with_indices(ss.conditioned(zeros), ss.first_indices()),
-                init_strategy=strategy,
-                model_args=model_args,
-                model_kwargs=model_kwargs,
-            )
-            init_params = info.param_info.z
+        init_params, gamma0 = initial_values(
+            ss, key_init, init_params, self._init_strategy, model_args, model_kwargs,
+            num_chains=jnp.shape(rng_key)[0] if batched else None, ignore=(self.inclusion_name,),
+        )
         one_chain = jax.tree.map(lambda x: x[0], init_params) if batched else init_params
         _, self._unravel = ravel_pytree(one_chain)
-        if gamma0 is None:
-            shape = (jnp.shape(rng_key)[0], p) if batched else (p,)
-            gamma0 = jnp.zeros(shape, jnp.int32)
-        gamma0 = jnp.asarray(gamma0).astype(jnp.int32)
+        gamma0 = gamma0.astype(jnp.int32)
         if bool(jnp.any(jnp.sum(gamma0, -1) > q)):
             raise ValueError(f"The initial indicator has more than max_model_size = {q} ones.")
 

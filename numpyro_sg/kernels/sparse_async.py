@@ -56,12 +56,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
 from jax.flatten_util import ravel_pytree
-from numpyro.infer.util import constrain_fn, initialize_model
+from numpyro.infer.util import constrain_fn
 
 from numpyro_sg.kernels.base import SGKernel, _all_finite, jit_with_data, split_init_key
-from numpyro_sg.kernels.esgld import init_to_spike
 from numpyro_sg.minibatch import Minibatcher, full_data
-from numpyro_sg.spike_slab import SpikeSlabError, effective_site_name, find_spike_slab, site_types
+from numpyro_sg.spike_slab import (
+    SpikeSlabError,
+    effective_site_name,
+    find_spike_slab,
+    initial_values,
+    site_types,
+)
 
 __all__ = [
     "SparseAsync",
@@ -407,27 +412,12 @@ class SparseAsync(SGKernel):
             self._setup(model_args, model_kwargs)
         ss, p, m = self._ss, self._ss.num_coefficients, self._m
         batched, rng_key, key_init = split_init_key(rng_key)
-        delta0 = None
-        if init_params is not None:
-            init_params = dict(init_params)
-            delta0 = init_params.pop(ss.indicator, None)
-            init_params.pop(_KEY, None)
-        if not init_params:
-            zeros = jnp.zeros((p,), jnp.int32)
-            strategy = self._init_strategy or init_to_spike(coefficient=ss.coefficient)
-            info = initialize_model(
-                key_init,
-                ss._run(ss.conditioned(zeros), ss.first_indices()),
-                init_strategy=strategy,
-                model_args=model_args,
-                model_kwargs=model_kwargs,
-            )
-            init_params = info.param_info.z
+        init_params, delta0 = initial_values(
+            ss, key_init, init_params, self._init_strategy, model_args, model_kwargs,
+            num_chains=jnp.shape(rng_key)[0] if batched else None, ignore=(_KEY,),
+        )
         one_chain = jax.tree.map(lambda x: x[0], init_params) if batched else init_params
         _, self._unravel = ravel_pytree(one_chain)
-        if delta0 is None:
-            delta0 = jnp.zeros((jnp.shape(rng_key)[0], p) if batched else (p,), jnp.int32)
-        delta0 = jnp.asarray(delta0)
         if not isinstance(delta0, jax.core.Tracer):  # chain_method="parallel" traces init
             d_np = np.asarray(delta0)
             if not np.all((d_np == 0) | (d_np == 1)):
