@@ -339,10 +339,8 @@ def test_max_active_overflow_is_an_error(tiny):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("correlation", [0.0, 0.9])
-def test_paper_linear_p1000(correlation, request):
+def test_paper_linear_p1000(correlation):
     """§4.1, p = 1,000, N = 500, J = 100, 2,000 iterations: async's 𝓔 vs exact's."""
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("long run (about 1 minute): select it with -m slow")
     X, y, truth = ds.simulate_sparse_linear(1000, correlation=correlation, seed=0)
     errs = {}
     for variant in ("exact", "async"):
