@@ -23,7 +23,7 @@ import time
 
 import jax
 import numpy as np
-from numpyro.infer import MCMC
+from numpyro.infer import MCMC, init_to_uniform
 
 import numpyro_sg as nsg
 from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
@@ -33,8 +33,8 @@ def model(X, y=None, subsample_size=1000):
     return logistic_regression_model(X, y, subsample_size=subsample_size, prior_scale=math.sqrt(10.0))
 
 
-def make(**kw):
-    return nsg.SGLD(model, **kw)
+def make(**kw):  # paper 002's SGLD: absolute step sizes, plain gradients
+    return nsg.SGLD(model, preconditioner=None, gradient="plain", init_strategy=init_to_uniform, **kw)
 
 
 def main(argv=None):

@@ -21,7 +21,7 @@ import time
 
 import jax
 import numpy as np
-from numpyro.infer import MCMC
+from numpyro.infer import MCMC, init_to_uniform
 
 import numpyro_sg as nsg
 from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
@@ -61,9 +61,12 @@ def main(argv=None):
     sgbd_steps = [10.0**e for e in np.arange(-1.0, -4.01, -0.5)]
     if args.quick:  # a 3 × 2 grid per kernel: checks that the script runs
         batches, sgld_steps, sgbd_steps = batches[:2], sgld_steps[2::3], sgbd_steps[1::2][:3]
+    # the papers' kernels (absolute step sizes, plain gradients), tuned as in paper 002
+    classic = dict(preconditioner=None, gradient="plain", init_strategy=init_to_uniform)
     tuners = {
-        "SGLD": (functools.partial(nsg.SGLD, model), {"step_size": sgld_steps, "subsample_size": batches}),
-        "SGBD": (functools.partial(nsg.SGBD, model, variant="corrected"),
+        "SGLD": (functools.partial(nsg.SGLD, model, **classic),
+                 {"step_size": sgld_steps, "subsample_size": batches}),
+        "SGBD": (functools.partial(nsg.SGBD, model, variant="corrected", **classic),
                  {"step_size": sgbd_steps, "subsample_size": batches}),
     }
     ref = nsg.nuts_reference(model, X, y, num_warmup=500, num_samples=1000,
@@ -71,7 +74,8 @@ def main(argv=None):
     print(f"NUTS on the full data: {ref.posterior.attrs['sampling_time']:.1f} s")
     tuned = {}
     for name, (factory, grid) in tuners.items():
-        res = nsg.mamba(factory, grid, (X, y), time_budget=args.budget, init_params=args.init)
+        res = nsg.mamba(factory, grid, (X, y), time_budget=args.budget, init_params=args.init,
+                        rng_key=jax.random.PRNGKey(0))
         print(f"\nMAMBA for {name}: {len(res.arms)} arms, {args.budget:.0f} s of chains, "
               f"{res.elapsed:.1f} s in all (overhead: "
               + ", ".join(f"{k} {v:.1f} s" for k, v in res.overhead.items()) + ")")
@@ -80,7 +84,7 @@ def main(argv=None):
         print(f"chosen: {res.best_params}")
         tuned[f"{name} (MAMBA)"] = factory(**res.best_params)
     tuned["SGLD (h = 1/N, 10%)"] = nsg.SGLD(model, step_size=nsg.heuristic_step_size(N),
-                                           subsample_size=batches[0])
+                                           subsample_size=batches[0], **classic)
 
     print(f"\nTuned kernels, {args.num_samples} draws each, against NUTS:")
     for i, (name, kernel) in enumerate(tuned.items()):

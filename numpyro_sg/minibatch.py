@@ -1,19 +1,24 @@
-"""Mini-batch machinery: the single home for subsample plates in ``numpyro_sg``.
+"""Mini-batch machinery: the single home for subsample plates and gradient estimates.
 
 Everything the stochastic-gradient kernels need to know about a model's data lives here:
 
-* :func:`find_subsample_plates` discovers the subsample plates of a model and their ``(N, n)``;
+* :func:`subsample_plates` validates the subsample plates found by the model trace
+  (:func:`numpyro_sg.model_info.trace_model`) and the data in them; :func:`find_subsample_plates`
+  is the public one-call version;
 * :func:`with_indices` runs a model with chosen data indices in its plates (the N/n scale
-  follows the length of the index array actually used);
+  follows the length of the index array actually used), :func:`full_data` with all of them;
 * :class:`Minibatcher` draws those indices inside ``jit`` in O(n) per iteration (with
   replacement, the default, or without replacement by walking a per-epoch permutation) and
-  evaluates the scaled mini-batch log density, its gradient, the full-data log density and
-  score, and per-datum gradients on NumPyro's unconstrained space.
+  evaluates the scaled mini-batch log density, its gradient — plain, or with control variates
+  around an :class:`Anchor` — and the gradient-noise sd from per-datum gradients.
 
 Conventions (SPEC §2): log π(θ) = log p(θ) + Σ_i log f(x_i | θ); the mini-batch estimator
 ĝ(θ) = ∇ log p(θ) + (N/n) Σ_{i∈S} ∇ log f(x_i | θ) is the gradient of the model's log density
-traced with index set S.  The gradient-noise sd of coordinate j is the sd of the estimator,
-τ̂_j = (N/√n)·sd_{i∈S}(∂_j log f(x_i | θ)), times √(1 − n/N) without replacement.
+traced with index set S.  The control-variate estimator (Baker et al. 2019) is
+ĝ_cv(θ) = ∇ log π(θ̂) + ĝ(θ) − ĝ(θ̂) with the same S, θ̂ the anchor and ∇ log π(θ̂) its
+full-data gradient.  The gradient-noise sd of coordinate j is the sd of the estimator,
+τ̂_j = (N/√n)·sd_{i∈S}(∂_j log f(x_i | θ)) (of the differences ∂_j log f(x_i|θ) − ∂_j log f(x_i|θ̂)
+with control variates), times √(1 − n/N) without replacement.
 """
 
 from __future__ import annotations
@@ -26,22 +31,28 @@ import jax.numpy as jnp
 import numpy as np
 from jax import random
 from jax.flatten_util import ravel_pytree
-from numpyro.distributions.distribution import validation_enabled
-from numpyro.handlers import seed, trace
 from numpyro.infer.util import potential_energy
 from numpyro.primitives import Messenger
+
+from numpyro_sg.model_info import ModelInfo, plates_of, trace_model
 
 __all__ = [
     "SubsamplePlate",
     "find_subsample_plates",
+    "subsample_plates",
+    "resolve_subsample_size",
     "discover_plates",
+    "check_data_finite",
     "draw_with_replacement",
     "draw_without_replacement",
     "with_indices",
     "full_data",
-    "deterministic_in_plates",
+    "without_plate_sites",
+    "mask_plate_rows",
     "Minibatcher",
     "BatchState",
+    "Anchor",
+    "GradientEstimate",
 ]
 
 
@@ -70,6 +81,12 @@ class with_indices(Messenger):
     ``indices`` maps plate names to integer index arrays.  The plate's ``subsample_size`` is
     set to the length of the array, so NumPyro scales every site in the plate by
     N/len(indices) without a size-mismatch warning.
+
+    **Example:**
+
+    .. code-block:: python
+
+        with_indices(model, {"data": jnp.arange(10)})(X, y)   # the first 10 rows, scale N/10
     """
 
     def __init__(self, fn: Callable | None = None, indices: dict | None = None):
@@ -83,16 +100,34 @@ class with_indices(Messenger):
             msg["args"] = (msg["args"][0], int(jnp.shape(idx)[0]))
 
 
-class _without_plate_sites(Messenger):
-    """Handler giving weight 0 to every sample site inside the named plates."""
+class without_plate_sites(Messenger):
+    """Handler giving weight 0 to every sample site inside the named plates (the prior alone)."""
 
     def __init__(self, fn=None, plate_names=()):
         self.plate_names = set(plate_names)
         super().__init__(fn)
 
     def process_message(self, msg):
-        if msg["type"] == "sample" and self.plate_names.intersection(_plates_of(msg)):
+        if msg["type"] == "sample" and self.plate_names.intersection(plates_of(msg)):
             msg["scale"] = 0.0
+
+
+class mask_plate_rows(Messenger):
+    """Handler masking rows of a plate: ``mask`` (n,) multiplies the log-likelihood of every
+    sample site inside plate ``plate_name`` row by row (False drops the row)."""
+
+    def __init__(self, fn=None, plate_name=None, mask=None):
+        self.plate_name = plate_name
+        self.mask = mask
+        super().__init__(fn)
+
+    def process_message(self, msg):
+        if msg["type"] != "sample":
+            return
+        for frame in msg.get("cond_indep_stack", []):
+            if frame.name == self.plate_name:
+                mask = jnp.reshape(self.mask, jnp.shape(self.mask) + (1,) * (-frame.dim - 1))
+                msg["fn"] = msg["fn"].mask(mask)
 
 
 def full_data(model: Callable, plates) -> Callable:
@@ -100,49 +135,28 @@ def full_data(model: Callable, plates) -> Callable:
     return with_indices(model, {p.name: jnp.arange(p.size) for p in plates})
 
 
-class _first_indices(Messenger):
-    """Handler filling every subsample plate with indices 0..n−1 (skips NumPyro's O(N) draw)."""
-
-    def process_message(self, msg):
-        if msg["type"] == "plate" and msg["value"] is None:
-            msg["value"] = jnp.arange(msg["args"][1])
-
-
-def _trace_model(model, model_args, model_kwargs, rng_seed=0):
-    # Distribution validation off: bad data must reach our checks, which name the argument.
-    with validation_enabled(False):
-        return trace(_first_indices(seed(model, rng_seed=rng_seed))).get_trace(
-            *model_args, **(model_kwargs or {})
-        )
-
-
-def _plates_of(site) -> list[str]:
-    return [frame.name for frame in site.get("cond_indep_stack", [])]
-
-
-def _subsample_plates_in(tr) -> dict:
-    """``{name: (N, n)}`` for the plates of a trace declared with a ``subsample_size``.
-
-    A plate declared with ``subsample_size=N`` counts (it runs full-batch until a kernel's
-    ``subsample_size`` says otherwise); a plate without ``subsample_size`` does not, since the
-    model then indexes its data directly.
-    """
-    out = {}
-    for name, site in tr.items():
-        if site["type"] == "plate" and site["args"][1] is not None:
-            out[name] = (int(site["args"][0]), int(site["args"][1]))
-    return out
-
-
+# -------------------------------------------------------------------------------------------
+# plates: discovery and validation
+# -------------------------------------------------------------------------------------------
 def find_subsample_plates(model: Callable, model_args=(), model_kwargs=None) -> dict:
     """Return ``{plate_name: (N, n)}`` for every plate of ``model`` that subsamples its data.
 
-    The model is traced once, with the first n indices in each subsample plate.
+    The model is traced once, with the first n indices in each subsample plate.  A plate
+    declared with ``subsample_size=N`` counts (it runs full-batch until a kernel's
+    ``subsample_size`` says otherwise); a plate without ``subsample_size`` does not.
+
+    **Example:**
+
+    .. code-block:: python
+
+        nsg.find_subsample_plates(model, (X, y))   # {'data': (100000, 1000)}
     """
-    return _subsample_plates_in(_trace_model(model, model_args, model_kwargs))
+    return dict(trace_model(model, model_args, model_kwargs).subsample_plates)
 
 
-def _resolve_subsample_size(name, size, model_n, override):
+def resolve_subsample_size(name, size, model_n, override):
+    """The mini-batch size n of plate ``name`` (N = ``size``): the kernel's ``override`` (an int
+    or ``{plate: n}``) or the plate's own ``model_n``; an error outside [1, N]."""
     if override is None:
         n = model_n
     elif isinstance(override, dict):
@@ -160,74 +174,60 @@ def _resolve_subsample_size(name, size, model_n, override):
     return n
 
 
-def _leading_dim_is_plate(site, plate_name):
-    for frame in site.get("cond_indep_stack", []):
-        if frame.name == plate_name:
-            return frame.dim
-    return None
-
-
 def _first_bad_index(mask: np.ndarray):
     bad = np.argwhere(~mask)
     return tuple(int(i) for i in bad[0]) if len(bad) else None
 
 
-def _check_data_finite(model, plates, model_args, model_kwargs):
+def _check_finite_array(value, where):
+    if isinstance(value, jax.core.Tracer) or not hasattr(value, "dtype"):
+        return
+    if not jnp.issubdtype(value.dtype, jnp.inexact):
+        return
+    mask = np.isfinite(np.asarray(value))
+    if not mask.all():
+        raise ValueError(
+            f"{where} contains non-finite values (NaN or inf), first at index "
+            f"{_first_bad_index(mask)}. Remove or impute them before sampling."
+        )
+
+
+def check_data_finite(info: ModelInfo, plates, model_args=(), model_kwargs=None):
     """Raise if the data the kernels will subsample contains non-finite values.
 
-    Checks (1) floating model arguments whose leading axis has a plate's size N, (2) the
-    observed values of every site inside a subsample plate, over the full data.
+    Checks floating model arguments whose leading axis has a plate's size N (naming the
+    argument and the first bad index) and the full arrays passed to ``numpyro.subsample``
+    (recorded by the model trace, so observations picked with ``numpyro.subsample(y)`` are
+    checked over all N rows).
     """
     sizes = {p.size: p.name for p in plates}
     named = [(f"positional argument {i}", a) for i, a in enumerate(model_args)]
     named += [(f"keyword argument '{k}'", v) for k, v in (model_kwargs or {}).items()]
     for label, arg in named:
         for path, leaf in jax.tree_util.tree_flatten_with_path(arg)[0]:
-            if isinstance(leaf, jax.core.Tracer):
-                continue
-            if not hasattr(leaf, "dtype") or not jnp.issubdtype(leaf.dtype, jnp.inexact):
-                continue
             if jnp.ndim(leaf) == 0 or jnp.shape(leaf)[0] not in sizes:
                 continue
-            mask = np.isfinite(np.asarray(leaf))
-            if not mask.all():
-                where = label + (jax.tree_util.keystr(path) if path else "")
-                raise ValueError(
-                    f"Model {where} (data of plate '{sizes[jnp.shape(leaf)[0]]}', shape "
-                    f"{tuple(jnp.shape(leaf))}) contains non-finite values (NaN or inf), first "
-                    f"at index {_first_bad_index(mask)}. Remove or impute them before sampling."
-                )
-    tr = _trace_model(full_data(model, plates), model_args, model_kwargs)
-    names = {p.name for p in plates}
-    for name, site in tr.items():
-        if site["type"] != "sample" or not site["is_observed"]:
-            continue
-        if not names.intersection(_plates_of(site)):
-            continue
-        value = site["value"]
-        if isinstance(value, jax.core.Tracer) or not jnp.issubdtype(
-            jnp.result_type(value), jnp.inexact
-        ):
-            continue
-        mask = np.isfinite(np.asarray(value))
-        if not mask.all():
-            raise ValueError(
-                f"Observed site '{name}' contains non-finite values (NaN or inf), first at "
-                f"index {_first_bad_index(mask)}. Remove or impute them before sampling."
+            where = label + (jax.tree_util.keystr(path) if path else "")
+            _check_finite_array(
+                leaf, f"Model {where} (data of plate '{sizes[jnp.shape(leaf)[0]]}', shape "
+                f"{tuple(jnp.shape(leaf))})",
             )
+    for k, value in enumerate(info.subsample_data):
+        _check_finite_array(value, f"The data passed to numpyro.subsample call {k} (shape "
+                            f"{tuple(jnp.shape(value))})")
 
 
-def discover_plates(model, model_args, model_kwargs, subsample_size=None, check_data=True):
-    """Find and validate the subsample plates used by the kernels.
+def subsample_plates(info: ModelInfo, subsample_size=None, *, check_data=True, model_args=(),
+                     model_kwargs=None) -> tuple:
+    """Validate the subsample plates of a traced model; return a tuple of :class:`SubsamplePlate`.
 
-    Returns a tuple of :class:`SubsamplePlate`.  Raises a clear error when the model has no
-    subsample plate, when ``subsample_size`` is out of range or names an unknown plate, when a
-    latent site sits inside a subsample plate, or (``check_data``) when the data are not finite.
+    Raises a clear error when the model has no subsample plate, when ``subsample_size`` (an
+    int, or ``{plate: n}``) is out of range or names an unknown plate, when a latent site sits
+    inside a subsample plate, or (``check_data``) when the data are not finite.
     """
-    tr = _trace_model(model, model_args, model_kwargs)
-    found = _subsample_plates_in(tr)
+    found = info.subsample_plates
     if not found:
-        plain = [name for name, site in tr.items() if site["type"] == "plate"]
+        plain = info.plate_names
         raise ValueError(
             "The model has no subsample plate"
             + (f" (its plates {plain} have no subsample_size)" if plain else "")
@@ -248,35 +248,33 @@ def discover_plates(model, model_args, model_kwargs, subsample_size=None, check_
             "dict {plate_name: size}."
         )
     plates = tuple(
-        SubsamplePlate(name, size, n, _resolve_subsample_size(name, size, n, subsample_size))
+        SubsamplePlate(name, size, n, resolve_subsample_size(name, size, n, subsample_size))
         for name, (size, n) in found.items()
     )
-    for name, site in tr.items():
-        if site["type"] == "sample" and not site["is_observed"]:
-            inside = set(_plates_of(site)) & set(found)
-            if inside:
-                raise ValueError(
-                    f"Latent site '{name}' is inside subsample plate '{sorted(inside)[0]}'. "
-                    "Local (per-datum) latent variables are not supported by the "
-                    "stochastic-gradient kernels: marginalise them out or move the site out "
-                    "of the plate."
-                )
+    inside = info.latent_in(found)
+    if inside:
+        name, plate = inside[0]
+        raise ValueError(
+            f"Latent site '{name}' is inside subsample plate '{plate}'. "
+            "Local (per-datum) latent variables are not supported by the "
+            "stochastic-gradient kernels: marginalise them out or move the site out "
+            "of the plate."
+        )
     if check_data:
-        _check_data_finite(model, plates, model_args, model_kwargs)
+        check_data_finite(info, plates, model_args, model_kwargs)
     return plates
 
 
-def deterministic_in_plates(model, plates, model_args=(), model_kwargs=None) -> bool:
-    """True when a deterministic site of ``model`` sits inside one of the subsample ``plates``
-    (its value then depends on which data the plate holds)."""
-    names = {p.name for p in plates}
-    tr = _trace_model(model, model_args, model_kwargs)
-    return any(
-        site["type"] == "deterministic" and names.intersection(_plates_of(site))
-        for site in tr.values()
-    )
+def discover_plates(model, model_args, model_kwargs, subsample_size=None, check_data=True):
+    """:func:`subsample_plates` of a model traced here (one trace)."""
+    info = trace_model(model, model_args, model_kwargs)
+    return subsample_plates(info, subsample_size, check_data=check_data, model_args=model_args,
+                            model_kwargs=model_kwargs)
 
 
+# -------------------------------------------------------------------------------------------
+# index drawing
+# -------------------------------------------------------------------------------------------
 class BatchState(NamedTuple):
     """Per-plate state for drawing without replacement: an epoch permutation and a position."""
 
@@ -311,6 +309,26 @@ def draw_without_replacement(key, batch: BatchState, n: int):
     batch = jax.lax.cond(batch.pos + n > size, reshuffle, lambda b: b, batch)
     idx = jax.lax.dynamic_slice(batch.perm, (batch.pos,), (n,))
     return idx, BatchState(batch.perm, batch.pos + n)
+
+
+# -------------------------------------------------------------------------------------------
+# gradient estimates
+# -------------------------------------------------------------------------------------------
+class Anchor(NamedTuple):
+    """The control-variate anchor: a point θ̂ (flat) and the full-data gradient ∇ log π(θ̂)."""
+
+    point: Any
+    grad: Any
+
+
+class GradientEstimate(NamedTuple):
+    """A stochastic gradient at a point: ``value`` the mini-batch log density estimate,
+    ``grad`` ĝ (flat), ``noise_sd`` τ̂ per coordinate of the working frame (NaN if not
+    estimated)."""
+
+    value: Any
+    grad: Any
+    noise_sd: Any
 
 
 class Minibatcher:
@@ -352,7 +370,17 @@ class Minibatcher:
         return indices, new_state
 
     def full_indices(self):
+        """All N indices of every plate."""
         return {p.name: jnp.arange(p.size, dtype=jnp.int32) for p in self.plates}
+
+    @property
+    def fraction_unsampled(self) -> float:
+        """1 − n/N of the (single) plate without replacement, 1 with replacement: the finite
+        population correction of the noise variance."""
+        if self.replace:
+            return 1.0
+        (plate,) = self.plates
+        return 1.0 - plate.subsample_size / plate.size
 
     # -- log densities ---------------------------------------------------------------------
     def log_density_fn(self, model_args=(), model_kwargs=None) -> Callable:
@@ -370,30 +398,107 @@ class Minibatcher:
 
         return log_density
 
-    def value_grad_noise(self, log_density, params, indices):
+    def value_grad_noise(self, log_density, params, indices, anchor: Anchor | None = None,
+                         to_working: Callable | None = None):
         """Log density, ĝ and the gradient-noise sd τ̂ from per-datum gradients (flat).
 
         ``log_density(params, indices)`` is a log density as returned by
-        :meth:`log_density_fn` (``params`` any pytree).  Evaluates it on one datum at a time
-        (plate index set of size one, scale N), vectorised with ``jax.vmap`` over the n indices: O(n·d).  Each
-        such gradient is g_i = ∇ log p(θ) + N ∇ log f(x_i|θ), so ĝ = mean_i g_i and
-        τ̂ = sd_i(g_i)/√n = (N/√n)·sd_i(∇ log f(x_i|θ)) (× √(1 − n/N) without replacement);
-        the mean of the per-datum values is the mini-batch log density.  Gradients come back
-        raveled to flat vectors.  Requires a single subsample plate.
+        :meth:`log_density_fn` (``params`` any pytree; a flat vector when ``anchor`` is given).  Evaluates it on one datum at a time
+        (plate index set of size one, scale N), vectorised with ``jax.vmap`` over the n
+        indices: O(n·d).  Each such gradient is g_i = ∇ log p(θ) + N ∇ log f(x_i|θ), so
+        ĝ = mean_i g_i and τ̂ = sd_i(g_i)/√n = (N/√n)·sd_i(∇ log f(x_i|θ)) (× √(1 − n/N)
+        without replacement); the mean of the per-datum values is the mini-batch log
+        density.  With an ``anchor`` the per-datum differences g_i(θ) − g_i(θ̂) give the
+        control-variate ĝ_cv = ∇ log π(θ̂) + mean_i (g_i(θ) − g_i(θ̂)) and its noise.
+        ``to_working`` maps the (n, d) per-datum gradients into the working frame of a
+        preconditioner before their sd is taken.  Requires a single subsample plate.
         """
         (plate,) = self.plates
         idx = indices[plate.name]
         n = idx.shape[0]
 
-        def one(i):
-            value, grad = jax.value_and_grad(log_density)(params, {plate.name: i[None]})
+        def one(p, i):
+            value, grad = jax.value_and_grad(log_density)(p, {plate.name: i[None]})
             return value, ravel_pytree(grad)[0]
 
-        values, g = jax.vmap(one)(idx)
-        tau = jnp.std(g, axis=0, ddof=1 if n > 1 else 0) / jnp.sqrt(n)
-        if not self.replace:
-            tau = tau * jnp.sqrt(1.0 - n / plate.size)
-        return values.mean(), g.mean(0), tau
+        def per_datum(p):
+            return jax.vmap(lambda i: one(p, i))(idx)
+
+        if anchor is None:
+            values, g = per_datum(params)
+            ghat = g.mean(0)
+        else:  # params flat here: θ and θ̂ in one vectorised evaluation
+            values, g2 = jax.vmap(per_datum)(jnp.stack([params, anchor.point]))
+            values, g = values[0], g2[0] - g2[1]
+            ghat = anchor.grad + g.mean(0)
+        value = values.mean()
+        g_work = g if to_working is None else to_working(g)
+        tau = jnp.std(g_work, axis=0, ddof=1 if n > 1 else 0) / jnp.sqrt(n)
+        tau = tau * jnp.sqrt(self.fraction_unsampled)
+        return value, ghat, tau
+
+    def estimate(self, flat_log_density, flat, indices, *, anchor: Anchor | None = None,
+                 noise: bool = False, to_working: Callable | None = None) -> GradientEstimate:
+        """The stochastic gradient at the flat point ``flat`` on the mini-batch ``indices``.
+
+        ``flat_log_density(x, indices)`` takes a flat unconstrained vector.  Plain (``anchor``
+        ``None``): ĝ = ∇ of the mini-batch log density.  With an :class:`Anchor`: the
+        control-variate ĝ_cv = ∇ log π(θ̂) + ĝ(θ) − ĝ(θ̂) on the same indices (both points in
+        one vectorised evaluation).  ``noise=True`` adds τ̂ from per-datum gradients (see
+        :meth:`value_grad_noise`); otherwise ``noise_sd`` is NaN.
+        """
+        if noise:
+            value, grad, tau = self.value_grad_noise(
+                flat_log_density, flat, indices, anchor=anchor, to_working=to_working
+            )
+            return GradientEstimate(value, grad, tau)
+        vg = jax.value_and_grad(flat_log_density)
+        if anchor is None:
+            value, grad = vg(flat, indices)
+        else:
+            values, grads = jax.vmap(vg, in_axes=(0, None))(jnp.stack([flat, anchor.point]), indices)
+            value, grad = values[0], anchor.grad + grads[0] - grads[1]
+        return GradientEstimate(value, grad, jnp.full_like(flat, jnp.nan))
+
+    def full_value_and_grad_fn(self, unravel, model_args=(), model_kwargs=None,
+                               chunk_size: int = 65536) -> Callable:
+        """``x -> (log π(x), ∇ log π(x))`` over all the data, for a flat point x.
+
+        With one subsample plate the data are visited in chunks of ``chunk_size`` rows inside
+        a ``lax.scan`` (memory O(chunk·d), never O(N·d)); the last chunk is padded and its
+        padding masked out.  The prior is evaluated once, as an extra chunk with every row
+        masked, and Σ_chunks (C/N)·(chunk log density − prior) + prior is the exact full-data
+        log density.  With several plates all data are used at once.
+        """
+        model_kwargs = model_kwargs or {}
+        if len(self.plates) != 1:
+            log_density = self.log_density_fn(model_args, model_kwargs)
+            full = self.full_indices()
+            return jax.value_and_grad(lambda x: log_density(unravel(x), full))
+        (plate,) = self.plates
+        N = plate.size
+        C = int(min(chunk_size, N))
+        K = -(-N // C)
+        starts = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.arange(K, dtype=jnp.int32) * C])
+        include = jnp.arange(K + 1) > 0  # chunk 0: the prior alone (every row masked)
+
+        def chunk_log_density(x, start, inc):
+            idx = start + jnp.arange(C, dtype=jnp.int32)
+            mask = (idx < N) & inc
+            model = mask_plate_rows(with_indices(self.model, {plate.name: jnp.minimum(idx, N - 1)}),
+                                    plate.name, mask)
+            return -potential_energy(model, model_args, model_kwargs, unravel(x))
+
+        def value_and_grad(x):
+            def body(_, chunk):
+                return None, jax.value_and_grad(chunk_log_density)(x, *chunk)
+
+            _, (values, grads) = jax.lax.scan(body, None, (starts, include))
+            value = values[0] + (C / N) * jnp.sum(values[1:] - values[0])
+            grad = grads[0] + (C / N) * jnp.sum(grads[1:] - grads[0], axis=0)
+            return value, grad
+
+        return value_and_grad
 
     def per_datum_loglik_grads(self, params, indices, model_args=(), model_kwargs=None):
         """Gradients ∇_θ log f(x_i | θ) of each datum's log-likelihood, shape (n, …) per site.
@@ -409,7 +514,7 @@ class Minibatcher:
 
         def log_prior(p):  # the same density with every site inside the plate given weight 0
             return -potential_energy(
-                _without_plate_sites(with_indices(self.model, {plate.name: idx[:1]}), names),
+                without_plate_sites(with_indices(self.model, {plate.name: idx[:1]}), names),
                 model_args,
                 model_kwargs,
                 p,

@@ -93,14 +93,23 @@ from numpyro.infer.initialization import init_to_sample, init_to_uniform
 from numpyro.infer.util import constrain_fn, initialize_model, potential_energy
 from numpyro.primitives import Messenger
 
-from numpyro_sg.minibatch import (
-    SubsamplePlate,
-    _plates_of,
-    _resolve_subsample_size,
-    _subsample_plates_in,
-    _trace_model,
-    with_indices,
-)
+from numpyro_sg.minibatch import SubsamplePlate, resolve_subsample_size, with_indices
+from numpyro_sg.model_info import first_indices as _first_indices_handler, plates_of as _plates_of
+
+
+def _trace_model(model, model_args, model_kwargs, rng_seed=0):
+    from numpyro.distributions.distribution import validation_enabled
+
+    with validation_enabled(False):
+        return trace(_first_indices_handler(seed(model, rng_seed=rng_seed))).get_trace(
+            *model_args, **(model_kwargs or {})
+        )
+
+
+def _subsample_plates_in(tr):
+    return {name: (int(site["args"][0]), int(site["args"][1])) for name, site in tr.items()
+            if site["type"] == "plate" and site["args"][1] is not None}
+
 
 __all__ = [
     "find_spike_slab",
@@ -680,7 +689,7 @@ def find_spike_slab(
     plate = None
     if found:
         (name, (size, n)), = found.items()
-        plate = SubsamplePlate(name, size, n, _resolve_subsample_size(name, size, n, subsample_size))
+        plate = SubsamplePlate(name, size, n, resolve_subsample_size(name, size, n, subsample_size))
     plate_names = set(found)
 
     latent = {

@@ -22,8 +22,9 @@ Choices made here (each documented in ``docs/tuning.md``):
   full-data posterior by default, or an array), never with each arm's own sd — otherwise
   the scores are not on one scale (SPEC §7).
 * **Vectorised arms.**  Arms that differ only in real scalar hyperparameters that the kernel
-  reads at trace time (``step_size``, ``temperature``) and share everything else (the
-  subsample size in particular) run as one ``vmap``-ed batch of chains, compiled once.  A
+  holds in its state (``kernel.HYPERPARAMETERS``: ``step_size``, ``temperature``, …) and
+  share everything else (the subsample size in particular) run as one ``vmap``-ed batch of
+  chains of the kernel's pure ``step``, compiled once; the kernel itself is never modified.  A
   batch serving g arms runs for g·r_i seconds of wall time and each arm is charged 1/g of
   it, so the accounting is the paper's; because a batch costs much less than g separate
   chains, each arm gets more iterations in its share.  After pruning, a batch keeps its
@@ -45,7 +46,6 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -59,9 +59,6 @@ from numpyro_sg.diagnostics.model_scores import ModelScores, stein_dataset
 
 __all__ = ["mamba", "grid_search", "heuristic_step_size", "TuningResult", "grid_arms"]
 
-#: hyperparameters a kernel reads from ``self`` at trace time, so one compiled batch can run
-#: arms with different values (see ``_vectorisable``)
-VECTORISABLE = ("step_size", "temperature")
 _METRICS = ("ksd", "fssd")
 _MAX_CHUNK = 2**15  # iterations per compiled call, at most
 
@@ -153,19 +150,16 @@ def _same(a, b) -> bool:
 def _vectorisable(kernels: list, arms: list[dict]) -> tuple:
     """Names of the hyperparameters by which these kernels may differ inside one batch.
 
-    Only names in :data:`VECTORISABLE` with real scalar values that the kernel stores as is
-    qualify; every other instance attribute must be equal across the kernels.  Returns ``()``
-    when the kernels cannot share a batch.
+    Only names among the kernel's state hyperparameters (``kernel.HYPERPARAMETERS``, e.g.
+    ``step_size`` and ``temperature``) with real scalar values qualify; every other instance
+    attribute must be equal across the kernels.  Returns ``()`` when the kernels cannot share
+    a batch.
     """
+    state_names = getattr(kernels[0], "HYPERPARAMETERS", ())
     names = tuple(
         n for n in arms[0]
-        if n in VECTORISABLE and all(_is_real_scalar(a[n]) for a in arms)
+        if n in state_names and all(_is_real_scalar(a[n]) for a in arms)
     )
-    for kernel, arm in zip(kernels, arms):
-        for n in names:  # stored as given (float32 storage allowed)
-            stored = getattr(kernel, n, None)
-            if not _is_real_scalar(stored) or not np.isclose(float(stored), float(arm[n]), rtol=1e-6):
-                return ()
     first = vars(kernels[0])
     for other in kernels[1:]:
         attrs = vars(other)
@@ -177,41 +171,26 @@ def _vectorisable(kernels: list, arms: list[dict]) -> tuple:
     return names
 
 
-@contextmanager
-def _overridden(kernel, values: dict):
-    """Temporarily set kernel attributes (traced per-arm values while a batch is traced)."""
-    old = {k: getattr(kernel, k) for k in values}
-    try:
-        for k, v in values.items():
-            setattr(kernel, k, v)
-        yield kernel
-    finally:
-        for k, v in old.items():
-            setattr(kernel, k, v)
-
-
 class _Batch:
-    """Chains of one or several arms that share a kernel (up to vectorisable values)."""
+    """Chains of one or several arms that share a kernel (up to state hyperparameters).
+
+    The arms' hyperparameter values live in the batched state (``kernel.
+    replace_hyperparameters``) and every chain advances by the kernel's pure ``step``,
+    ``vmap``-ed over the batch: the kernel object is never modified.
+    """
 
     def __init__(self, arm_ids, kernels, arms, names, rng_key, init_params, model_args,
                  model_kwargs, thin):
         self.arm_ids = list(arm_ids)  # surviving arms of this batch
         self.owner = np.asarray(arm_ids)  # the arm each chain (slot) of the batch serves
         self.kernel = kernels[0]
-        self.names = names
         self.thin = thin
         self.model_args, self.model_kwargs = model_args, model_kwargs
-        self.values = {n: jnp.asarray([a[n] for a in arms], jnp.result_type(float)) for n in names}
         keys = random.split(rng_key, len(arms))
-        kernel = self.kernel
-        state = kernel.init(keys, 0, init_params, model_args, model_kwargs)
-        if names and hasattr(kernel, "_init_extra"):
-            # per-arm state fields that depend on the vectorised values (e.g. SGBD's σ)
-            def extra(st, vals):
-                with _overridden(kernel, vals):
-                    return kernel._init_extra(jax.flatten_util.ravel_pytree(st.z)[0], st.grad_noise_sd)
-
-            state = state._replace(**jax.vmap(extra)(state, self.values))
+        state = self.kernel.init(keys, 0, init_params, model_args, model_kwargs)
+        if names:
+            values = {n: jnp.asarray([a[n] for a in arms], jnp.result_type(float)) for n in names}
+            state = self.kernel.replace_hyperparameters(state, **values)
         self.state = state
         self._compiled = None
         self.seconds_per_iteration = None
@@ -220,19 +199,15 @@ class _Batch:
         kernel, thin = self.kernel, self.thin
         buffer_len = _MAX_CHUNK // thin
 
-        def step(state, vals, model_args, model_kwargs):
-            with _overridden(kernel, vals):
-                return kernel._step(state, model_args, model_kwargs)
-
-        def chunk(state, values, n_steps, model_args, model_kwargs):
-            vstep = jax.vmap(step, in_axes=(0, 0, None, None))
+        def chunk(state, n_steps, model_args, model_kwargs):
+            vstep = jax.vmap(kernel.step, in_axes=(0, None, None))
             buf0 = jax.tree.map(
                 lambda z: jnp.zeros((z.shape[0], buffer_len) + z.shape[1:], z.dtype), state.z
             )
 
             def body(i, carry):
                 st, buf = carry
-                st = vstep(st, values, model_args, model_kwargs)
+                st = vstep(st, model_args, model_kwargs)
                 k = (i + 1) // thin - 1
 
                 def write(b):
@@ -250,7 +225,7 @@ class _Batch:
         start = time.perf_counter()
         fn = self._chunk_fn()
         self._compiled = fn.lower(
-            self.state, self.values, jnp.int32(0), self.model_args, self.model_kwargs
+            self.state, jnp.int32(0), self.model_args, self.model_kwargs
         ).compile()
         return time.perf_counter() - start
 
@@ -271,7 +246,7 @@ class _Batch:
                 break
             start = time.perf_counter()
             self.state, buf = self._compiled(
-                self.state, self.values, jnp.int32(n), self.model_args, self.model_kwargs
+                self.state, jnp.int32(n), self.model_args, self.model_kwargs
             )
             buf = jax.device_get(jax.tree.map(lambda b: b[:, : n // self.thin], buf))
             dt = time.perf_counter() - start
@@ -302,7 +277,6 @@ class _Batch:
         src = np.asarray([current[arm_ids[j % s]] for j in range(slots)])
         state = jax.tree.map(lambda x: x[src], self.state)
         self.state = state._replace(rng_key=random.split(rng_key, slots))
-        self.values = {k: v[src] for k, v in self.values.items()}
         # every survivor gets ⌊slots/s⌋ chains; leftover slots run but their draws are dropped
         owner = self.owner[src]
         owner[(slots // s) * s:] = -1
@@ -320,7 +294,7 @@ def _make_batches(make_kernel, arms, vectorize, rng_key, init_params, model_args
                 f"make_kernel(**{arm}) failed for arm {i}: {err}. Every grid keyword must be an "
                 "argument of the kernel factory (e.g. step_size, subsample_size, variant)."
             ) from err
-        if not hasattr(kernels[-1], "_step") or not hasattr(kernels[-1], "init"):
+        if not hasattr(kernels[-1], "step") or not hasattr(kernels[-1], "replace_hyperparameters"):
             raise TypeError(
                 f"make_kernel must return a numpyro_sg kernel (SGLD, SGBD, ESGLD, …); got "
                 f"{type(kernels[-1]).__name__}."
@@ -329,7 +303,8 @@ def _make_batches(make_kernel, arms, vectorize, rng_key, init_params, model_args
     if vectorize:
         by_key: dict = {}
         for i, arm in enumerate(arms):
-            key = repr(sorted((k, repr(v)) for k, v in arm.items() if k not in VECTORISABLE))
+            state_names = getattr(kernels[i], "HYPERPARAMETERS", ())
+            key = repr(sorted((k, repr(v)) for k, v in arm.items() if k not in state_names))
             by_key.setdefault((type(kernels[i]).__name__, key), []).append(i)
         for members in by_key.values():
             names = _vectorisable([kernels[i] for i in members], [arms[i] for i in members])
@@ -498,7 +473,8 @@ def _tune(make_kernel, grid, *, model_args, model_kwargs, time_budget, eta, metr
     arms = _check_common(grid, eta, metric, time_budget, thin, score_draws)
     model_args = tuple(model_args)
     model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
-    rng_key = random.PRNGKey(0) if rng_key is None else rng_key
+    if rng_key is None:
+        raise ValueError("rng_key is required: pass a jax.random.PRNGKey.")
     M = len(arms)
     num_rounds = max(int(math.floor(math.log(M) / math.log(eta) + 1e-9)), 1) if halving else 1
 
@@ -629,7 +605,7 @@ _DOC_ARGS = """
         (lower is better) given the constrained thinned draws ``{site: (T, …)}`` — e.g. a
         held-out log-loss.
     :param int thin: keep every ``thin``-th iteration (paper 002 thins by 10).
-    :param rng_key: ``jax.random.PRNGKey`` (default ``PRNGKey(0)``).
+    :param rng_key: ``jax.random.PRNGKey`` (required).
     :param preconditioner: the one common KSD/FSSD scale for every arm: ``"laplace"``
         (default: √diag((−H)⁻¹) at the mode of the full-data posterior, found by damped
         Newton from 0 on the unconstrained space), an array of per-coordinate scales, or
@@ -644,8 +620,9 @@ _DOC_ARGS = """
         near the posterior, so short rounds compare the arms' stationary behaviour rather than
         how fast they leave a poor start; paper 002 starts its samplers near the MAP), or a
         dict of unconstrained site values for every arm.
-    :param bool vectorize: run arms that differ only in ``step_size``/``temperature`` as one
-        vmapped batch (default True).
+    :param bool vectorize: run arms that differ only in hyperparameters the kernel holds in its
+        state (``kernel.HYPERPARAMETERS``, e.g. ``step_size``, ``temperature``) as one vmapped
+        batch (default True).
     :return: a :class:`TuningResult`.
 """
 
@@ -701,7 +678,7 @@ def grid_search(
     """Grid search: every arm runs for ``time_budget`` seconds and the lowest score wins.
 
     Same interface and scoring as :func:`mamba` (one round, no pruning); with
-    ``vectorize=True`` arms differing only in ``step_size``/``temperature`` share a batch and
+    ``vectorize=True`` arms differing only in state hyperparameters share a batch and
     each is charged its share of the batch's wall time.
     """ + _DOC_ARGS
     return _tune(make_kernel, grid, model_args=model_args, model_kwargs=model_kwargs,

@@ -7,6 +7,11 @@ import numpy as np  # noqa: E402
 import numpyro  # noqa: E402
 import numpyro.distributions as dist  # noqa: E402
 import pytest  # noqa: E402
+from numpyro.infer import init_to_uniform  # noqa: E402
+
+# The papers' kernels: absolute step sizes (no preconditioner), plain mini-batch gradients and
+# NumPyro's random start — what the tests of the papers' algorithms run.
+CLASSIC = dict(preconditioner=None, gradient="plain", init_strategy=init_to_uniform)
 
 
 def logistic_model(X, y=None, subsample_size=50):

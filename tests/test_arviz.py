@@ -7,7 +7,7 @@ import matplotlib
 import numpy as np
 import pytest
 import xarray as xr
-from conftest import logistic_model
+from conftest import CLASSIC, logistic_model
 from numpyro.infer import MCMC
 
 import numpyro_sg as nsg
@@ -19,7 +19,8 @@ matplotlib.use("Agg")
 def sgbd_run(logistic_data):
     X, y = logistic_data
     mcmc = MCMC(
-        nsg.SGBD(logistic_model, step_size=0.02, variant="corrected", adapt_step_size=True),
+        nsg.SGBD(logistic_model, step_size=0.02, variant="corrected", adapt_step_size="always",
+                 **CLASSIC),
         num_warmup=300,
         num_samples=400,
         num_chains=2,

@@ -41,9 +41,11 @@ def big_linear():
 
 
 KERNELS = {
-    "c-SGLD": lambda init: nsg.SGLD(linear_model, 2e-7, variant="corrected", init_strategy=init),
+    "c-SGLD": lambda init: nsg.SGLD(linear_model, 2e-7, variant="corrected", init_strategy=init,
+                                      preconditioner=None, gradient="plain"),
     "c-SGBD adaptive": lambda init: nsg.SGBD(
-        linear_model, 1e-3, variant="corrected", adapt_step_size=True, init_strategy=init
+        linear_model, 1e-3, variant="corrected", adapt_step_size="always", init_strategy=init,
+        preconditioner=None, gradient="plain",
     ),
 }
 

@@ -21,19 +21,23 @@ Tolerances (fixed seeds; 20,000 draws after 2,000 warmup):
 import jax
 import numpy as np
 import pytest
-from conftest import linear_model, linear_posterior
+from conftest import CLASSIC, linear_model, linear_posterior
 from numpyro.infer import MCMC
 
 import numpyro_sg as nsg
 
 CASES = {
-    "sgld-vanilla": (lambda **kw: nsg.SGLD(linear_model, 1e-4, **kw), 200, (0.88, 1.15)),
-    "sgld-corrected": (lambda **kw: nsg.SGLD(linear_model, 1e-4, variant="corrected", **kw), 200, (0.9, 1.1)),
-    "sgbd-vanilla": (lambda **kw: nsg.SGBD(linear_model, 0.01, variant="vanilla", **kw), 200, (0.88, 1.15)),
-    "sgbd-corrected": (lambda **kw: nsg.SGBD(linear_model, 0.01, variant="corrected", **kw), 200, (0.9, 1.1)),
-    "sgbd-extreme": (lambda **kw: nsg.SGBD(linear_model, 0.01, variant="extreme", **kw), 35, (0.88, 1.15)),
+    "sgld-vanilla": (lambda **kw: nsg.SGLD(linear_model, 1e-4, **CLASSIC, **kw), 200, (0.88, 1.15)),
+    "sgld-corrected": (lambda **kw: nsg.SGLD(linear_model, 1e-4, variant="corrected", **CLASSIC, **kw),
+                       200, (0.9, 1.1)),
+    "sgbd-vanilla": (lambda **kw: nsg.SGBD(linear_model, 0.01, variant="vanilla", **CLASSIC, **kw),
+                     200, (0.88, 1.15)),
+    "sgbd-corrected": (lambda **kw: nsg.SGBD(linear_model, 0.01, variant="corrected", **CLASSIC, **kw),
+                       200, (0.9, 1.1)),
+    "sgbd-extreme": (lambda **kw: nsg.SGBD(linear_model, 0.01, variant="extreme", **CLASSIC, **kw),
+                     35, (0.88, 1.15)),
     "sgbd-adaptive": (
-        lambda **kw: nsg.SGBD(linear_model, 0.01, variant="corrected", adapt_step_size="warmup", **kw),
+        lambda **kw: nsg.SGBD(linear_model, 0.01, variant="corrected", adapt_step_size=True, **CLASSIC, **kw),
         200,
         (0.88, 1.15),
     ),

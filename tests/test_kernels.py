@@ -10,7 +10,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
-from conftest import linear_model, logistic_model
+from conftest import CLASSIC, linear_model, logistic_model
 from numpyro.infer import MCMC, init_to_value
 
 import numpyro_sg as nsg
@@ -84,7 +84,7 @@ def test_jit_model_args(logistic_data):
 
 def test_warmup_then_run(logistic_data):
     X, y = logistic_data
-    mcmc = MCMC(nsg.SGBD(logistic_model, 0.02, adapt_step_size="warmup"), num_warmup=100,
+    mcmc = MCMC(nsg.SGBD(logistic_model, 0.02, adapt_step_size=True, **CLASSIC), num_warmup=100,
                 num_samples=60, progress_bar=False)
     mcmc.warmup(jax.random.PRNGKey(0), X, y, extra_fields=("step_size",), collect_warmup=True)
     warm = mcmc.get_samples()["theta"]
@@ -112,7 +112,8 @@ def test_decaying_step_schedule(logistic_data):
 
 def test_divergence_is_detected_and_reported(linear_data):
     # ε = 0.1 on a Gaussian posterior with variance 1e-3: |1 − ε·N/2| ≫ 1, the chain explodes
-    mcmc = MCMC(nsg.SGLD(linear_model, 0.1), num_warmup=0, num_samples=100, progress_bar=False)
+    mcmc = MCMC(nsg.SGLD(linear_model, 0.1, **CLASSIC), num_warmup=0, num_samples=100,
+                progress_bar=False)
     with pytest.warns(nsg.DivergenceWarning, match=r"diverged at iteration \d+, i.e. sampling draw index \d+"):
         mcmc.run(jax.random.PRNGKey(0), *linear_data)
         jax.effects_barrier()
@@ -144,7 +145,7 @@ def test_constrained_sites_and_deterministic(linear_data):
             yb = numpyro.subsample(y, event_dim=0)
             numpyro.sample("y", dist.Normal(Xb @ theta, sigma), obs=yb)
 
-    mcmc = MCMC(nsg.SGLD(model, 1e-4), num_warmup=1000, num_samples=1000, progress_bar=False)
+    mcmc = MCMC(nsg.SGLD(model), num_warmup=1000, num_samples=1000, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), X, y)
     s = mcmc.get_samples()
     assert np.all(s["sigma"] > 0)
@@ -240,7 +241,7 @@ def test_sgld_per_coordinate_step_size(logistic_data):
     with pytest.raises(ValueError, match=r"step_size has shape \(2,\).*3 unconstrained"):
         _samples(nsg.SGLD(logistic_model, jnp.array([1e-3, 1e-3])), logistic_data, num_chains=1)
     eps = jnp.array([1e-3, 0.0, 2e-3])  # ε_j = 0 freezes coordinate j
-    kernel = nsg.SGLD(logistic_model, eps + jnp.array([0.0, 1e-12, 0.0]))
+    kernel = nsg.SGLD(logistic_model, eps + jnp.array([0.0, 1e-12, 0.0]), **CLASSIC)
     mcmc = _samples(kernel, logistic_data, num_chains=1)
     theta = mcmc.get_samples()["theta"]
     assert np.ptp(theta[:, 1]) < 1e-4 < np.ptp(theta[:, 0])

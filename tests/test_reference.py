@@ -52,7 +52,8 @@ def logistic(X, y=None):
 
 def _sgld_idata(step_size, X, y, seed=1):
     mcmc = MCMC(
-        nsg.SGLD(logistic, step_size=step_size, subsample_size=SUBSAMPLE),
+        nsg.SGLD(logistic, step_size=step_size, subsample_size=SUBSAMPLE, preconditioner=None,
+                 gradient="plain", init_strategy=numpyro.infer.init_to_uniform),
         num_warmup=1000,
         num_samples=4000,
         progress_bar=False,

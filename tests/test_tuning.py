@@ -11,7 +11,7 @@ import functools
 import jax
 import numpy as np
 import pytest
-from conftest import linear_model, linear_posterior
+from conftest import CLASSIC, linear_model, linear_posterior
 
 import numpyro_sg as nsg
 
@@ -24,8 +24,11 @@ def data(linear_data):
     return linear_data
 
 
+KEY = jax.random.PRNGKey(0)
+
+
 def make_sgld(**kw):
-    return nsg.SGLD(linear_model, **kw)
+    return nsg.SGLD(linear_model, **CLASSIC, **kw)
 
 
 def test_heuristic_step_size():
@@ -65,7 +68,7 @@ def test_mamba_finds_planted_arm_and_respects_budget(data):
 
 def test_mamba_result_is_a_usable_posterior(data):
     X, y = data
-    res = nsg.mamba(make_sgld, {"step_size": [1e-9, GOOD, 1.0]}, data, time_budget=2.0)
+    res = nsg.mamba(make_sgld, {"step_size": [1e-9, GOOD, 1.0]}, data, time_budget=2.0, rng_key=KEY)
     assert res.best_params == {"step_size": GOOD}
     idata = res.idata
     theta = idata.posterior["theta"].values.reshape(-1, 3)
@@ -88,19 +91,19 @@ def test_laplace_start(data):
     mean, cov = linear_posterior(X, y)
     sd = np.sqrt(np.diag(cov))
     res = nsg.mamba(make_sgld, {"step_size": PLANTED}, data, time_budget=1.0,
-                    init_params="laplace")
+                    init_params="laplace", rng_key=KEY)
     assert res.best_params["step_size"] == GOOD
     # the Laplace approximation of a Gaussian posterior is exact: a barely moving chain
     # stays where it started, at a draw from the posterior (within 5 sd)
     theta = res.idata.posterior["theta"].values.reshape(-1, 3)
     assert np.all(np.abs(theta.mean(0) - mean) < 5 * sd)
     with pytest.raises(ValueError, match="init_params must be"):
-        nsg.mamba(make_sgld, {"step_size": [GOOD]}, data, init_params="map")
+        nsg.mamba(make_sgld, {"step_size": [GOOD]}, data, init_params="map", rng_key=KEY)
 
 
 def test_fssd_metric_and_unvectorised_arms(data):
     res = nsg.mamba(make_sgld, {"step_size": [1e-9, GOOD, 1.0]}, data, time_budget=1.0,
-                    metric="fssd", vectorize=False)
+                    metric="fssd", vectorize=False, rng_key=KEY)
     assert res.best_params["step_size"] == GOOD
     assert sorted(len(b) for b in res.batches) == [1] * 3
     assert res.idata.sample_stats.attrs["tuning_metric"] == "fssd"
@@ -112,7 +115,7 @@ def test_vectorised_batch_runs_each_arm_with_its_own_values(data):
     from numpyro_sg.tuning import _make_batches, grid_arms
 
     arms = grid_arms({"step_size": [1e-3, 2e-3, 3e-3]})
-    for factory in (make_sgld, functools.partial(nsg.SGBD, linear_model, variant="vanilla")):
+    for factory in (make_sgld, functools.partial(nsg.SGBD, linear_model, variant="vanilla", **CLASSIC)):
         (batch,) = _make_batches(factory, arms, True, jax.random.PRNGKey(0), None, data, {}, 10)
         batch.compile()
         batch.run(0.05)
@@ -123,7 +126,7 @@ def test_vectorised_batch_runs_each_arm_with_its_own_values(data):
 
 def test_grid_search_runs_every_arm_the_budget_and_takes_a_metric(data):
     X, y = data
-    res = nsg.grid_search(make_sgld, {"step_size": [1e-9, GOOD]}, data, time_budget=0.5)
+    res = nsg.grid_search(make_sgld, {"step_size": [1e-9, GOOD]}, data, time_budget=0.5, rng_key=KEY)
     assert res.best_params["step_size"] == GOOD
     np.testing.assert_allclose(res.rounds["seconds"], 0.5, rtol=0.25)
     assert res.rounds["round"].nunique() == 1
@@ -133,28 +136,28 @@ def test_grid_search_runs_every_arm_the_budget_and_takes_a_metric(data):
         return float(np.sqrt(np.mean((pred - y[:100]) ** 2)))
 
     res = nsg.grid_search(make_sgld, {"step_size": [1e-9, GOOD]}, data, time_budget=0.5,
-                          metric=held_out_rmse)
+                          metric=held_out_rmse, rng_key=KEY)
     assert res.best_params["step_size"] == GOOD
     assert res.rounds["score"].min() == pytest.approx(1.0, abs=0.15)  # noise sd 1
 
 
 def test_bad_grids_and_arguments(data):
     with pytest.raises(ValueError, match="non-empty dict"):
-        nsg.mamba(make_sgld, {}, data)
+        nsg.mamba(make_sgld, {}, data, rng_key=KEY)
     with pytest.raises(ValueError, match=r"grid\['step_size'\] is empty"):
-        nsg.mamba(make_sgld, {"step_size": []}, data)
+        nsg.mamba(make_sgld, {"step_size": []}, data, rng_key=KEY)
     with pytest.raises(ValueError, match="step_sise.*argument of the kernel factory"):
-        nsg.mamba(make_sgld, {"step_sise": [1e-3, 1e-4]}, data)
+        nsg.mamba(make_sgld, {"step_sise": [1e-3, 1e-4]}, data, rng_key=KEY)
     with pytest.raises(ValueError, match="eta"):
-        nsg.mamba(make_sgld, {"step_size": [1e-3]}, data, eta=1)
+        nsg.mamba(make_sgld, {"step_size": [1e-3]}, data, eta=1, rng_key=KEY)
     with pytest.raises(ValueError, match="metric"):
-        nsg.mamba(make_sgld, {"step_size": [1e-3]}, data, metric="mmd")
+        nsg.mamba(make_sgld, {"step_size": [1e-3]}, data, metric="mmd", rng_key=KEY)
     with pytest.raises(ValueError, match="different scales"):
-        nsg.mamba(make_sgld, {"step_size": [1e-3]}, data, preconditioner="sd")
+        nsg.mamba(make_sgld, {"step_size": [1e-3]}, data, preconditioner="sd", rng_key=KEY)
     with pytest.raises(ValueError, match="subsample_size=5000 .* outside"):
-        nsg.mamba(make_sgld, {"step_size": [1e-3], "subsample_size": [5000]}, data)
+        nsg.mamba(make_sgld, {"step_size": [1e-3], "subsample_size": [5000]}, data, rng_key=KEY)
     with pytest.raises(RuntimeError, match="every arm diverged"):
-        nsg.mamba(make_sgld, {"step_size": [1.0, 2.0]}, data, time_budget=0.2)
+        nsg.mamba(make_sgld, {"step_size": [1.0, 2.0]}, data, time_budget=0.2, rng_key=KEY)
 
 
 def test_tuning_example_runs(capsys):

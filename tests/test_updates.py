@@ -13,10 +13,10 @@ from numpyro_sg.kernels.sgbd import (
     past_breaking_point,
     sgbd_update,
 )
-from numpyro_sg.kernels.sgld import (
-    corrected_noise_variance,
+from numpyro_sg.kernels.moves import (
+    langevin_move,
+    langevin_noise_variance,
     polynomial_schedule,
-    sgld_update,
 )
 
 
@@ -126,15 +126,15 @@ def test_proposition_4_corrected_is_nearly_unbiased(z, g, tau):
 
 def test_corrected_noise_variance_hand_computed():
     # ε = 0.1, τ = 1, τ̂ = 4: 0.1 − 0.01·16/4 = 0.06
-    np.testing.assert_allclose(corrected_noise_variance(0.1, 1.0, 4.0), 0.06, rtol=1e-6)
+    np.testing.assert_allclose(langevin_noise_variance(0.1, 1.0, 4.0), 0.06, rtol=1e-6)
     # gradient noise larger than the Langevin variance: inject nothing
-    assert corrected_noise_variance(0.1, 1.0, 100.0) == 0.0
-    np.testing.assert_allclose(corrected_noise_variance(0.1, 2.0, 0.0), 0.2)
+    assert langevin_noise_variance(0.1, 1.0, 100.0) == 0.0
+    np.testing.assert_allclose(langevin_noise_variance(0.1, 2.0, 0.0), 0.2)
 
 
 def test_sgld_update():
     theta = jnp.array([1.0, -1.0])
-    out = sgld_update(theta, jnp.array([2.0, 4.0]), 0.1, jnp.array([1.0, -1.0]), 0.04)
+    out = langevin_move(theta, jnp.array([2.0, 4.0]), 0.1, jnp.array([1.0, -1.0]), 0.04)
     np.testing.assert_allclose(out, [1.0 + 0.1 + 0.2, -1.0 + 0.2 - 0.2], rtol=1e-6)
 
 

@@ -1,9 +1,11 @@
-"""Stochastic-gradient MCMC kernels (one module per family)."""
+"""Stochastic-gradient MCMC kernels (one module per family) and their building blocks."""
 
-from numpyro_sg.kernels.base import DivergenceWarning, SGKernel
+from numpyro_sg.kernels.base import DivergenceWarning, GradientKernel, SGKernel
 from numpyro_sg.kernels.esgld import ESGLD
+from numpyro_sg.kernels.moves import polynomial_schedule
 from numpyro_sg.kernels.sgbd import SGBD
-from numpyro_sg.kernels.sgld import SGLD, polynomial_schedule
+from numpyro_sg.kernels.sgld import SGLD
 from numpyro_sg.kernels.sparse_async import SparseAsync
 
-__all__ = ["SGKernel", "DivergenceWarning", "SGLD", "SGBD", "ESGLD", "SparseAsync", "polynomial_schedule"]
+__all__ = ["SGKernel", "GradientKernel", "DivergenceWarning", "SGLD", "SGBD", "ESGLD", "SparseAsync",
+           "polynomial_schedule"]

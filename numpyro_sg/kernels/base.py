@@ -1,26 +1,33 @@
-"""The NumPyro ``MCMCKernel`` shell shared by every stochastic-gradient kernel.
+"""The NumPyro ``MCMCKernel`` shells shared by every stochastic-gradient kernel.
 
-A subclass supplies the update maths through two hooks:
+:class:`SGKernel` is the thin NumPyro shell around a kernel's pure step: the ``MCMCKernel``
+contract (``init``, ``sample``, ``postprocess_fn``, fields, diagnostics string), vectorised
+chains (``sample`` ``vmap``-s the pure :meth:`SGKernel.step` over chains), the divergence
+warning, the end-of-run convergence check (:mod:`numpyro_sg.diagnostics.convergence`) and
+the shared options (``subsample_size``, ``replace``, ``init_strategy``, ``check_data``).
 
-* ``_init_extra(flat, noise_sd)`` — kernel-specific state fields at the initial point;
-* ``_update(state, flat, key)`` — one move of the flat unconstrained vector using the
-  stochastic gradient ``state.z_grad`` and noise estimate ``state.grad_noise_sd`` at it,
-  returning ``(new_flat, fields)``.
+:class:`GradientKernel` adds what every gradient-based kernel (SGLD, SGBD) does the same way:
 
-The shell evaluates the log density, ĝ and (optionally) τ̂ at the *new* point on the next
-mini-batch within the same iteration and keeps them in the state for the next move, so a
-point whose state, log density or gradient is non-finite is never emitted as an unflagged draw.
+* **one model trace** at ``init`` (:func:`numpyro_sg.model_info.trace_model`) read by plate
+  discovery, data checks and deterministic-site detection;
+* the **warmup** (:mod:`numpyro_sg.warmup`): the mode of the log posterior, the Laplace
+  preconditioner and the control-variate anchor, computed once before the chains start;
+* the **gradient estimate** at the new point on the next mini-batch, evaluated within the same
+  iteration and kept in the state (plain or control-variate, with the gradient-noise sd τ̂ in
+  the preconditioner's working frame when the kernel needs it), so a point whose state, log
+  density or gradient is non-finite is never emitted as an unflagged draw;
+* **divergence**: a chain whose state, log density or gradient becomes non-finite, or whose
+  gradient norm explodes (:func:`~numpyro_sg.kernels.moves.guard_step`), is frozen at its last
+  state before the blow-up, its ``diverging`` field is ``True`` from then on and a
+  :class:`DivergenceWarning` names the iteration.
 
-The shell does everything else the same way for all kernels: plate discovery and validation,
-initial values through NumPyro's ``init_strategy``, index drawing, the iteration counter (it
-keeps counting across ``MCMC.warmup()`` then ``MCMC.run()``), vectorised chains, divergence
-detection (non-finite state or gradient: the chain is frozen at its last finite state, the
-``diverging`` field is ``True`` from then on and a :class:`DivergenceWarning` names the first
-diverging iteration), and ``postprocess_fn`` through the full-data model.
+A subclass supplies the update maths in the working frame of the preconditioner
+(θ = θ₀ + L·u): ``_move(state, grad_w, noise_sd_w, key) -> (du, fields)``.
 """
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Callable
 
@@ -30,263 +37,40 @@ import numpy as np
 from jax import random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.initialization import init_to_uniform
-from numpyro.infer.mcmc import MCMCKernel
-from numpyro.infer.util import constrain_fn, initialize_model
+from numpyro.infer.mcmc import MCMC, MCMCKernel
+from numpyro.infer.util import constrain_fn
 from numpyro.util import is_prng_key
 
-from numpyro_sg.minibatch import (
-    Minibatcher,
-    deterministic_in_plates,
-    discover_plates,
-    full_data,
-    with_indices,
-)
+from numpyro_sg.diagnostics.convergence import watch_runs
+from numpyro_sg.kernels.moves import ema, freeze, guard_step, init_guard
+from numpyro_sg.minibatch import Anchor, Minibatcher, full_data, subsample_plates, with_indices
+from numpyro_sg.model_info import trace_model
+from numpyro_sg.preconditioner import Preconditioner, from_working, rows_to_working, to_working
+from numpyro_sg.warmup import ModeFit, WarmupOptions, find_mode, starting_points
 
-__all__ = ["SGKernel", "DivergenceWarning", "jit_with_data", "split_init_key", "ema"]
+__all__ = ["SGKernel", "GradientKernel", "DivergenceWarning", "jit_with_data", "split_init_key",
+           "all_finite", "PRECONDITIONERS", "GRADIENTS"]
+
+#: accepted string values of ``preconditioner`` (an array is accepted too)
+PRECONDITIONERS = ("laplace", "adapt", None)
+#: accepted values of ``gradient``
+GRADIENTS = ("cv", "plain")
 
 
 class DivergenceWarning(UserWarning):
-    """A chain produced a non-finite state or gradient."""
+    """A chain produced a non-finite or exploding state or gradient (it is frozen from then on)."""
 
 
-def _all_finite(x):
+def all_finite(x):
+    """True when every entry of ``x`` is finite."""
     return jnp.all(jnp.isfinite(x))
-
-
-class SGKernel(MCMCKernel):
-    """Base class of the stochastic-gradient kernels (not used directly).
-
-    :param model: a NumPyro model whose likelihood sits in a subsample plate
-        (``numpyro.plate(name, N, subsample_size=n)`` with ``numpyro.subsample`` inside).
-    :param subsample_size: mini-batch size n to draw, overriding the plate's own (an int, or a
-        dict ``{plate_name: n}`` when there are several plates). The N/n scale follows the size
-        actually used. Must lie in [1, N].
-    :param bool replace: draw indices with replacement (default; O(n) per iteration) or
-        without replacement by walking a per-epoch random permutation.
-    :param init_strategy: NumPyro per-site initialisation strategy (default
-        ``init_to_uniform``, as for ``NUTS``).
-    :param bool check_data: check at ``init`` that the data to be subsampled are finite.
-    :param float noise_ema_weight: β of the EMA τ̂⁽ᵏ⁾ = (1−β)·τ̂⁽ᵏ⁻¹⁾ + β·τ̂_k of the
-        gradient-noise sd (when it is estimated).
-    """
-
-    State: type = None  # the kernel's state NamedTuple
-    _needs_single_plate = False
-
-    def __init__(
-        self,
-        model: Callable,
-        *,
-        subsample_size=None,
-        replace: bool = True,
-        init_strategy=init_to_uniform,
-        check_data: bool = True,
-        noise_ema_weight: float = 0.1,
-    ):
-        if not 0.0 < noise_ema_weight <= 1.0:
-            raise ValueError(f"noise_ema_weight must lie in (0, 1], got {noise_ema_weight}.")
-        self.noise_ema_weight = float(noise_ema_weight)
-        if not callable(model):
-            raise TypeError(f"`model` must be a NumPyro model (a callable), got {model!r}.")
-        self._model = model
-        self._subsample_size = subsample_size
-        self._replace = bool(replace)
-        self._init_strategy = init_strategy
-        self._check_data = check_data
-        self._mb = None
-        self._unravel = None
-        self._num_warmup = 0
-        self._sample_fn = None
-        self.estimate_noise = False
-
-    # -- NumPyro's MCMCKernel contract -----------------------------------------------------
-    @property
-    def model(self):
-        return self._model
-
-    @property
-    def sample_field(self):
-        return "z"
-
-    @property
-    def default_fields(self):
-        return ("z", "diverging")
-
-    @property
-    def minibatcher(self) -> Minibatcher:
-        """The :class:`~numpyro_sg.minibatch.Minibatcher` built at ``init``."""
-        return self._mb
-
-    @property
-    def plates(self):
-        """The subsample plates (with the sizes actually drawn), known after ``init``."""
-        return None if self._mb is None else self._mb.plates
-
-    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
-        model_kwargs = {} if model_kwargs is None else model_kwargs
-        self._num_warmup = int(num_warmup)
-        plates = discover_plates(
-            self._model,
-            model_args,
-            model_kwargs,
-            subsample_size=self._subsample_size,
-            check_data=self._check_data,
-        )
-        if self._needs_single_plate and len(plates) > 1:
-            raise ValueError(
-                f"{type(self).__name__} with these settings estimates the gradient noise from "
-                f"per-datum gradients, which needs exactly one subsample plate; the model has "
-                f"{[p.name for p in plates]}."
-            )
-        self._mb = Minibatcher(self._model, plates, replace=self._replace)
-        self._deterministic_in_plate = deterministic_in_plates(
-            self._model, plates, model_args, model_kwargs
-        )
-
-        batched, rng_key, key_init = split_init_key(rng_key)
-        if init_params is None:
-            first_batch = {p.name: jnp.arange(p.subsample_size) for p in plates}
-            info = initialize_model(
-                key_init,
-                with_indices(self._model, first_batch),
-                init_strategy=self._init_strategy,
-                model_args=model_args,
-                model_kwargs=model_kwargs,
-            )
-            init_params = info.param_info.z
-        one_chain = jax.tree.map(lambda x: x[0], init_params) if batched else init_params
-        _, self._unravel = ravel_pytree(one_chain)
-
-        def init_one(params, key, model_args, model_kwargs):
-            flat = ravel_pytree(params)[0]
-            key, key_batch, key_idx = random.split(key, 3)
-            batch_state = self._mb.init_batch_state(key_batch)
-            indices, batch_state = self._mb.draw(key_idx, batch_state)
-            _, grad, tau = self._evaluate(flat, indices, model_args, model_kwargs)
-            return self.State(
-                i=jnp.int32(0),
-                z=params,
-                z_grad=grad,
-                grad_noise_sd=tau,
-                diverging=jnp.array(False),
-                batch_state=batch_state,
-                rng_key=key,
-                **self._init_extra(flat, tau),
-            )
-
-        if batched:
-            init_one = jax.vmap(init_one, in_axes=(0, 0, None, None))
-        state = jit_with_data(init_one, model_args, model_kwargs)(init_params, rng_key)
-        self._sample_fn = self.sample
-        return state
-
-    def sample(self, state, model_args, model_kwargs):
-        model_kwargs = {} if model_kwargs is None else model_kwargs
-        if is_prng_key(state.rng_key):
-            new = self._step(state, model_args, model_kwargs)
-        else:  # chain_method="vectorized": the kernel vmaps itself
-            new = jax.vmap(self._step, in_axes=(0, None, None))(state, model_args, model_kwargs)
-        newly = jnp.logical_and(new.diverging, jnp.logical_not(state.diverging))
-        jax.lax.cond(
-            jnp.any(newly),
-            lambda: jax.debug.callback(self._warn_divergence, state.i, newly),
-            lambda: None,
-        )
-        return new
-
-    def postprocess_fn(self, model_args, model_kwargs):
-        """Constrained values (deterministic sites included) of an unconstrained state.
-
-        Deterministic sites inside a subsample plate are computed over the full data; when
-        there are none, the plates run on a single datum, so post-processing a draw costs
-        O(d) rather than O(N·d).
-        """
-        model_kwargs = {} if model_kwargs is None else model_kwargs
-        if self._mb is None:
-            model = self._model
-        elif getattr(self, "_deterministic_in_plate", True):
-            model = full_data(self._model, self._mb.plates)
-        else:
-            model = with_indices(self._model, {p.name: jnp.arange(1) for p in self._mb.plates})
-
-        def postprocess(params):
-            return constrain_fn(model, model_args, model_kwargs, params, return_deterministic=True)
-
-        return postprocess
-
-    def get_diagnostics_str(self, state):
-        eps = jnp.mean(state.step_size)
-        msg = f"step size {float(eps):.2e}"
-        if bool(state.diverging):
-            msg += ", DIVERGED"
-        return msg
-
-    # -- shared machinery -----------------------------------------------------------------
-    def _evaluate(self, flat, indices, model_args, model_kwargs):
-        """(log density, ĝ, τ̂) at the flat point on a mini-batch; τ̂ is NaN if not estimated."""
-        log_density = self._mb.log_density_fn(model_args, model_kwargs)
-        unravel = self._unravel
-
-        def flat_log_density(x, idx):
-            return log_density(unravel(x), idx)
-
-        if self.estimate_noise:
-            return self._mb.value_grad_noise(flat_log_density, flat, indices)
-        value, grad = jax.value_and_grad(flat_log_density)(flat, indices)
-        return value, grad, jnp.full_like(flat, jnp.nan)
-
-    def _step(self, state, model_args, model_kwargs):
-        key, key_batch, key_update = random.split(state.rng_key, 3)
-        flat = ravel_pytree(state.z)[0]
-        new_flat, fields = self._update(state, flat, key_update)
-        indices, batch_state = self._mb.draw(key_batch, state.batch_state)
-        value, grad, tau_k = self._evaluate(new_flat, indices, model_args, model_kwargs)
-        tau = ema(state.grad_noise_sd, tau_k, self.noise_ema_weight)
-        ok = _all_finite(new_flat) & jnp.isfinite(value) & _all_finite(grad)
-        diverging = state.diverging | ~ok
-        keep = lambda old, new: jnp.where(diverging, old, new)  # noqa: E731
-        return state._replace(
-            i=state.i + 1,
-            z=self._unravel(keep(flat, new_flat)),
-            z_grad=keep(state.z_grad, grad),
-            grad_noise_sd=keep(state.grad_noise_sd, tau),
-            diverging=diverging,
-            batch_state=batch_state,
-            rng_key=key,
-            **fields,
-        )
-
-    def _warn_divergence(self, iteration, newly):
-        k = int(jnp.max(iteration)) + 1  # 1-based iteration number, warmup included
-        if k <= self._num_warmup:
-            where = f"warmup iteration {k} of {self._num_warmup}"
-        else:
-            where = f"iteration {k}, i.e. sampling draw index {k - self._num_warmup - 1}"
-        chains = ""
-        if jnp.ndim(newly) > 0:
-            chains = f" in vectorized chain(s) {[int(c) for c in jnp.nonzero(newly)[0]]}"
-        warnings.warn(
-            f"{type(self).__name__}: the chain diverged at {where}{chains}: the parameters, the "
-            "log density or the stochastic gradient became non-finite. The chain is frozen at "
-            "its last finite state from there on and its 'diverging' field is True; reduce "
-            "step_size.",
-            DivergenceWarning,
-            stacklevel=2,
-        )
-
-    # -- hooks for subclasses ---------------------------------------------------------------
-    def _init_extra(self, flat, noise_sd):  # pragma: no cover - abstract
-        """Kernel-specific state fields at the initial point."""
-        raise NotImplementedError
-
-    def _update(self, state, flat, key):  # pragma: no cover - abstract
-        """One move from ``flat`` using ``state.z_grad``/``state.grad_noise_sd``."""
-        raise NotImplementedError
 
 
 def split_init_key(rng_key):
     """``(batched, chain_key, init_key)``: a key, or a batch of keys (``chain_method=
     "vectorized"``), split into the chain's key and the key for the initial values."""
+    if rng_key is None:
+        raise ValueError("rng_key is required: pass a jax.random.PRNGKey (or a batch of keys).")
     batched = not is_prng_key(rng_key)
     if batched:
         keys = jax.vmap(lambda k: random.split(k, 2))(rng_key)
@@ -316,6 +100,383 @@ def jit_with_data(fn, model_args, model_kwargs):
     return lambda *args: compiled(args, arrays)
 
 
-def ema(previous, current, weight):
-    """Exponential moving average (1 − β)·previous + β·current, β = ``weight``."""
-    return (1.0 - weight) * previous + weight * current
+def calling_mcmc(max_depth: int = 8):
+    """The ``numpyro.infer.MCMC`` object whose ``run`` is calling a kernel's ``init``, if any."""
+    frame = sys._getframe(1)
+    for _ in range(max_depth):
+        frame = frame.f_back
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, MCMC):
+            return candidate
+    return None
+
+
+def check_choice(name, value, choices):
+    """Raise a ValueError naming ``name`` unless ``value`` is one of ``choices``."""
+    if not any(value is c or (isinstance(value, str) and value == c) for c in choices):
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}.")
+
+
+def check_positive(name, value):
+    """Raise a ValueError naming ``name`` unless ``value`` (a number or array) is positive."""
+    if not np.all(np.asarray(value) > 0) or not np.all(np.isfinite(np.asarray(value))):
+        raise ValueError(f"{name} must be positive and finite, got {value!r}.")
+
+
+class SGKernel(MCMCKernel):
+    """Base class of the stochastic-gradient kernels (not used directly).
+
+    :param model: a NumPyro model whose likelihood sits in a subsample plate
+        (``numpyro.plate(name, N, subsample_size=n)`` with ``numpyro.subsample`` inside).
+    :param subsample_size: mini-batch size n to draw, overriding the plate's own (an int, or a
+        dict ``{plate_name: n}`` when there are several plates). The N/n scale follows the size
+        actually used. Must lie in [1, N].
+    :param bool replace: draw indices with replacement (default; O(n) per iteration) or
+        without replacement by walking a per-epoch random permutation.
+    :param init_strategy: NumPyro per-site initialisation strategy; ``None`` for the kernel's
+        default (see each kernel).
+    :param bool check_data: check at ``init`` that the data to be subsampled are finite.
+    """
+
+    State: type = None  # the kernel's state NamedTuple
+    #: names of the hyperparameters held in ``state.hyper`` (see :meth:`replace_hyperparameters`)
+    HYPERPARAMETERS: tuple = ()
+
+    def __init__(self, model: Callable, *, subsample_size=None, replace: bool = True,
+                 init_strategy=None, check_data: bool = True):
+        if not callable(model):
+            raise TypeError(f"`model` must be a NumPyro model (a callable), got {model!r}.")
+        self._model = model
+        self._subsample_size = subsample_size
+        self._replace = bool(replace)
+        self._init_strategy = init_strategy
+        self._check_data = bool(check_data)
+        self._mb = None
+        self._unravel = None
+        self._num_warmup = 0
+        self._sample_fn = None
+        self._deterministic_in_plate = True
+
+    # -- NumPyro's MCMCKernel contract -----------------------------------------------------
+    @property
+    def model(self):
+        return self._model
+
+    @property
+    def sample_field(self):
+        return "z"
+
+    @property
+    def default_fields(self):
+        return ("z", "diverging")
+
+    @property
+    def minibatcher(self) -> Minibatcher:
+        """The :class:`~numpyro_sg.minibatch.Minibatcher` built at ``init``."""
+        return self._mb
+
+    @property
+    def plates(self):
+        """The subsample plates (with the sizes actually drawn), known after ``init``."""
+        return None if self._mb is None else self._mb.plates
+
+    @property
+    def deterministic_in_plate(self) -> bool:
+        """True when a deterministic site of the model sits in a subsample plate (known after
+        ``init``): post-processing then runs the plate over the full data."""
+        return self._deterministic_in_plate
+
+    def sample(self, state, model_args, model_kwargs):
+        """One iteration of every chain: :meth:`step`, ``vmap``-ed for vectorised chains."""
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        if is_prng_key(state.rng_key):
+            new = self.step(state, model_args, model_kwargs)
+        else:  # chain_method="vectorized": the kernel vmaps itself
+            new = jax.vmap(self.step, in_axes=(0, None, None))(state, model_args, model_kwargs)
+        newly = jnp.logical_and(new.diverging, jnp.logical_not(state.diverging))
+        jax.lax.cond(
+            jnp.any(newly),
+            lambda: jax.debug.callback(self._warn_divergence, state.i, newly),
+            lambda: None,
+        )
+        return new
+
+    def step(self, state, model_args, model_kwargs):  # pragma: no cover - abstract
+        """One iteration of one chain: a pure function of the state and the data."""
+        raise NotImplementedError
+
+    def replace_hyperparameters(self, state, **values):
+        """The state with hyperparameters (``state.hyper`` fields, e.g. ``step_size``) replaced.
+
+        Works on one chain's state, or on a batch of states (vectorised chains) with values
+        carrying the batch axis first; this is how :func:`numpyro_sg.mamba` runs arms with
+        different values as one batch.  Fields derived from the hyperparameters (e.g. SGBD's
+        current σ) are recomputed.
+        """
+        unknown = set(values) - set(state.hyper._fields)
+        if unknown:
+            raise ValueError(
+                f"{type(self).__name__} has no hyperparameter(s) {sorted(unknown)} in its state; "
+                f"it has {list(state.hyper._fields)}."
+            )
+        values = {k: jnp.asarray(v, jnp.result_type(float)) for k, v in values.items()}
+
+        def one(st, vals):
+            return self._refresh(st._replace(hyper=st.hyper._replace(**vals)))
+
+        return one(state, values) if is_prng_key(state.rng_key) else jax.vmap(one)(state, values)
+
+    def _refresh(self, state):
+        """Recompute state fields derived from the hyperparameters (default: none)."""
+        return state
+
+    def postprocess_fn(self, model_args, model_kwargs):
+        """Constrained values (deterministic sites included) of an unconstrained state.
+
+        Deterministic sites inside a subsample plate are computed over the full data; when
+        there are none, the plates run on a single datum, so post-processing a draw costs
+        O(d) rather than O(N·d).
+        """
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        if self._mb is None:
+            model = self._model
+        elif self._deterministic_in_plate:
+            model = full_data(self._model, self._mb.plates)
+        else:
+            model = with_indices(self._model, {p.name: jnp.arange(1) for p in self._mb.plates})
+
+        def postprocess(params):
+            return constrain_fn(model, model_args, model_kwargs, params, return_deterministic=True)
+
+        return postprocess
+
+    def get_diagnostics_str(self, state):
+        msg = f"step size {float(jnp.mean(state.step_size)):.2e}"
+        if bool(jnp.any(state.diverging)):
+            msg += ", DIVERGED"
+        return msg
+
+    def _watch(self):
+        """Register the end-of-run convergence check on the ``MCMC`` running this kernel."""
+        mcmc = calling_mcmc()
+        if mcmc is not None:
+            watch_runs(mcmc, type(self).__name__)
+
+    def _warn_divergence(self, iteration, newly):
+        k = int(jnp.max(iteration)) + 1  # 1-based iteration number, warmup included
+        if k <= self._num_warmup:
+            where = f"warmup iteration {k} of {self._num_warmup}"
+        else:
+            where = f"iteration {k}, i.e. sampling draw index {k - self._num_warmup - 1}"
+        chains = ""
+        if jnp.ndim(newly) > 0:
+            chains = f" in vectorized chain(s) {[int(c) for c in jnp.nonzero(newly)[0]]}"
+        warnings.warn(
+            f"{type(self).__name__}: the chain diverged at {where}{chains}: the parameters, the "
+            "log density or the stochastic gradient became non-finite or exploded. The chain "
+            "is frozen at its last state before the blow-up and its 'diverging' field is True "
+            "from there on; reduce step_size.",
+            DivergenceWarning,
+            stacklevel=2,
+        )
+
+
+class GradientKernel(SGKernel):
+    """Shell of the gradient-based kernels (SGLD, SGBD): see the module docstring.
+
+    :param preconditioner: ``"laplace"`` (default: M = the Laplace covariance at the mode
+        found by the warmup — dense for up to ``warmup_options.dense_max`` coordinates,
+        diagonal above), ``"adapt"`` (Laplace, then re-estimated from each chain's warmup
+        draws), ``None`` (M = I: step sizes in absolute units), or an array: per-coordinate
+        scales (d,) (M = diag(scale²)) or a covariance (d, d).
+    :param str gradient: ``"cv"`` (default: control variates around the warmup mode) or
+        ``"plain"`` (the mini-batch gradient).
+    :param warmup_options: a :class:`~numpyro_sg.warmup.WarmupOptions` (or a dict of its
+        fields) for the mode search, or a :class:`~numpyro_sg.warmup.ModeFit` computed before
+        (reused as is).
+    """
+
+    def __init__(self, model, *, preconditioner="laplace", gradient="cv", warmup_options=None,
+                 subsample_size=None, replace=True, init_strategy=None, check_data=True,
+                 noise_ema_weight=0.1):
+        super().__init__(model, subsample_size=subsample_size, replace=replace,
+                         init_strategy=init_strategy, check_data=check_data)
+        if not (isinstance(preconditioner, (str, type(None)))):
+            preconditioner = np.asarray(preconditioner, dtype=float)
+            if preconditioner.ndim not in (1, 2):
+                raise ValueError(
+                    "preconditioner as an array must be per-coordinate scales (d,) or a "
+                    f"covariance (d, d); got shape {preconditioner.shape}."
+                )
+        else:
+            check_choice("preconditioner", preconditioner, PRECONDITIONERS + ("an array",))
+        check_choice("gradient", gradient, GRADIENTS)
+        if not 0.0 < noise_ema_weight <= 1.0:
+            raise ValueError(f"noise_ema_weight must lie in (0, 1], got {noise_ema_weight}.")
+        self.preconditioner = preconditioner
+        self.gradient = gradient
+        self.noise_ema_weight = float(noise_ema_weight)
+        if isinstance(warmup_options, ModeFit):
+            self._fit, self.warmup_options = warmup_options, WarmupOptions()
+        else:
+            self._fit = None
+            self.warmup_options = WarmupOptions.of(warmup_options)
+        self.estimate_noise = False
+        self._fit_key = None
+
+    @property
+    def mode_fit(self) -> ModeFit | None:
+        """The warmup's :class:`~numpyro_sg.warmup.ModeFit` (mode, preconditioner, anchor),
+        known after ``init`` when the kernel ran one."""
+        return self._fit
+
+    # -- init ------------------------------------------------------------------------------
+    def _needs_mode(self, init_params) -> bool:
+        if isinstance(self.preconditioner, str) or self.gradient == "cv":
+            return True
+        return init_params is None and self._init_strategy is None
+
+    def _mode_fit(self, info, model_args, model_kwargs):
+        """The warmup's ModeFit, computed once per data set (chains of "sequential" reuse it)."""
+        leaves = tuple(id(x) for x in jax.tree.leaves((model_args, model_kwargs)))
+        if self._fit is not None and (self._fit_key is None or self._fit_key == leaves):
+            return self._fit
+        self._fit = find_mode(self._mb, info, self._unravel, model_args, model_kwargs,
+                              self.warmup_options)
+        self._fit_key = leaves
+        return self._fit
+
+    def _geometry(self, fit: ModeFit | None, dim: int, dtype):
+        """(Preconditioner, Anchor or None) from the options and the warmup's fit."""
+        P = self.preconditioner
+        if isinstance(P, str):
+            precond = fit.preconditioner
+        elif P is None:
+            precond = Preconditioner()
+        elif P.ndim == 1:
+            if P.shape != (dim,):
+                raise ValueError(f"preconditioner scales have shape {P.shape}; the model has {dim} unconstrained coordinates.")
+            precond = Preconditioner(scale=jnp.asarray(P, dtype))
+        else:
+            if P.shape != (dim, dim):
+                raise ValueError(f"preconditioner covariance has shape {P.shape}; the model has {dim} unconstrained coordinates.")
+            precond = Preconditioner(chol=jnp.asarray(np.linalg.cholesky(P), dtype))
+        anchor = Anchor(fit.mode, fit.grad) if self.gradient == "cv" else None
+        return precond, anchor
+
+    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        self._num_warmup = int(num_warmup)
+        batched, rng_key, key_init = split_init_key(rng_key)
+        need_mode = self._needs_mode(init_params)
+        strategy = self._init_strategy
+        with jax.ensure_compile_time_eval():  # structural work stays eager under pmap too
+            info = trace_model(self._model, model_args, model_kwargs,
+                               init_strategy=(strategy or init_to_uniform) if init_params is None else None,
+                               rng_key=key_init)
+            plates = subsample_plates(info, self._subsample_size, check_data=self._check_data,
+                                      model_args=model_args, model_kwargs=model_kwargs)
+            if self.estimate_noise and len(plates) > 1:
+                raise ValueError(
+                    f"{type(self).__name__} with these settings estimates the gradient noise from "
+                    f"per-datum gradients, which needs exactly one subsample plate; the model has "
+                    f"{[p.name for p in plates]}."
+                )
+            self._mb = Minibatcher(self._model, plates, replace=self._replace)
+            self._deterministic_in_plate = info.deterministic_in(p.name for p in plates)
+            _, self._unravel = ravel_pytree(info.unconstrained_example())
+            fit = self._mode_fit(info, model_args, model_kwargs) if need_mode else None
+        dtype = jnp.result_type(float)
+        dim = ravel_pytree(info.unconstrained_example())[0].shape[0]
+        precond, anchor = self._geometry(fit, dim, dtype)
+        hyper = self._hyperparameters(dim, precond)
+        if init_params is None and (strategy is not None or fit is None):
+            init_params = info.init_values
+        starts = starting_points(init_params, fit, rng_key, batched, self._unravel,
+                                 self.warmup_options.jitter)
+
+        def init_one(params, key, model_args, model_kwargs):
+            flat = ravel_pytree(params)[0].astype(dtype)
+            key, key_batch, key_idx = random.split(key, 3)
+            batch_state = self._mb.init_batch_state(key_batch)
+            indices, batch_state = self._mb.draw(key_idx, batch_state)
+            est = self._estimate(flat, indices, anchor, precond, model_args, model_kwargs)
+            grad_w = to_working(precond, est.grad)
+            return self.State(
+                i=jnp.int32(0),
+                z=self._unravel(flat),
+                z_grad=est.grad,
+                grad_noise_sd=est.noise_sd,
+                hyper=hyper,
+                precond=precond,
+                anchor=anchor,
+                guard=init_guard(flat, jnp.sqrt(jnp.mean(grad_w**2))),
+                diverging=jnp.array(False),
+                batch_state=batch_state,
+                rng_key=key,
+                **self._init_fields(est.noise_sd, hyper, dim, dtype),
+            )
+
+        if batched:
+            init_one = jax.vmap(init_one, in_axes=(0, 0, None, None))
+        state = jit_with_data(init_one, model_args, model_kwargs)(starts, rng_key)
+        self._sample_fn = self.sample
+        self._watch()
+        return state
+
+    # -- one iteration ----------------------------------------------------------------------
+    def _estimate(self, flat, indices, anchor, precond, model_args, model_kwargs):
+        """Gradient estimate (value, ĝ, τ̂ in the working frame) at ``flat`` on ``indices``."""
+        log_density = self._mb.log_density_fn(model_args, model_kwargs)
+        unravel = self._unravel
+
+        def flat_log_density(x, idx):
+            return log_density(unravel(x), idx)
+
+        return self._mb.estimate(
+            flat_log_density, flat, indices, anchor=anchor, noise=self.estimate_noise,
+            to_working=lambda G: rows_to_working(precond, G),
+        )
+
+    def step(self, state, model_args, model_kwargs):
+        """One iteration of one chain (pure): move in the working frame, then evaluate ĝ (and
+        τ̂) at the new point on the next mini-batch; freeze the chain on a blow-up."""
+        key, key_batch, key_move = random.split(state.rng_key, 3)
+        flat = ravel_pytree(state.z)[0]
+        P = state.precond
+        du, fields = self._move(state, to_working(P, state.z_grad), state.grad_noise_sd, key_move)
+        new_flat = flat + from_working(P, du)
+        indices, batch_state = self._mb.draw(key_batch, state.batch_state)
+        est = self._estimate(new_flat, indices, state.anchor, P, model_args, model_kwargs)
+        tau = ema(state.grad_noise_sd, est.noise_sd, self.noise_ema_weight)
+        finite = all_finite(new_flat) & jnp.isfinite(est.value) & all_finite(est.grad)
+        norm = jnp.sqrt(jnp.mean(to_working(P, est.grad) ** 2))
+        blown, guard = guard_step(state.guard, new_flat, norm, finite)
+        diverging = state.diverging | blown
+        frozen_at = jnp.where(state.diverging, flat, guard.safe)
+        return state._replace(
+            i=state.i + 1,
+            z=self._unravel(jnp.where(diverging, frozen_at, new_flat)),
+            z_grad=freeze(diverging, state.z_grad, est.grad),
+            grad_noise_sd=freeze(diverging, state.grad_noise_sd, tau),
+            guard=guard,
+            diverging=diverging,
+            batch_state=batch_state,
+            rng_key=key,
+            **fields,
+        )
+
+    # -- hooks for subclasses ---------------------------------------------------------------
+    def _hyperparameters(self, dim, precond):  # pragma: no cover - abstract
+        """The kernel's hyperparameter NamedTuple (validated against the dimension)."""
+        raise NotImplementedError
+
+    def _init_fields(self, noise_sd, hyper, dim, dtype):  # pragma: no cover - abstract
+        """Kernel-specific state fields at the initial point."""
+        raise NotImplementedError
+
+    def _move(self, state, grad_w, noise_sd_w, key):  # pragma: no cover - abstract
+        """Increment du of the working coordinates, and the kernel's updated state fields."""
+        raise NotImplementedError

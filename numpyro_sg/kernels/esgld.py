@@ -53,7 +53,7 @@ from jax import lax, random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import constrain_fn
 
-from numpyro_sg.kernels.base import SGKernel, _all_finite, jit_with_data, split_init_key
+from numpyro_sg.kernels.base import SGKernel, all_finite, jit_with_data, split_init_key
 from numpyro_sg.minibatch import Minibatcher, discover_plates, full_data, with_indices
 from numpyro_sg.spike_slab import (
     effective_site_name,
@@ -673,7 +673,7 @@ class ESGLD(SGKernel):
         return ravel_pytree(params)[0], gammas, n_acc
 
     # -- one iteration -----------------------------------------------------------------
-    def _step(self, state, model_args, model_kwargs):
+    def step(self, state, model_args, model_kwargs):
         key, key_batch, key_noise, key_rj = random.split(state.rng_key, 4)
         params, gamma = self._unpack(state.z)
         flat = ravel_pytree(params)[0]
@@ -684,7 +684,7 @@ class ESGLD(SGKernel):
         new_flat, gammas, acc, value, grad = self._models_and_gradient(
             moved, gamma, key_rj, indices, state.weights, model_args, model_kwargs
         )
-        ok = _all_finite(new_flat) & jnp.isfinite(value) & _all_finite(grad)
+        ok = all_finite(new_flat) & jnp.isfinite(value) & all_finite(grad)
         diverging = state.diverging | ~ok
         new_z = self._pack(new_flat, gammas)
         keep = lambda old, new: jax.tree.map(lambda a, b: jnp.where(diverging, a, b), old, new)  # noqa: E731

@@ -1,64 +1,57 @@
-"""Stochastic gradient Langevin dynamics (SGLD) and its noise-corrected variant (c-SGLD).
+r"""Stochastic gradient Langevin dynamics (SGLD) and its noise-corrected variant (c-SGLD).
 
-Update (SPEC §3, step-size convention of the whole package):
+Update (SPEC §2–3, §12; the package's step-size convention), in the working coordinates u of
+the preconditioner M = L·Lᵀ (θ = θ₀ + L·u, :mod:`numpyro_sg.preconditioner`):
 
-    θ' = θ + (ε/2)·ĝ(θ) + N(0, v),   v = ε·τ                          (vanilla)
-                                      v_j = max(ε·τ − ε²·τ̂_j²/4, 0)      (corrected)
+.. math::
 
-ĝ the unbiased mini-batch gradient of log π, τ the temperature, τ̂_j the exponential moving
-average of the gradient-noise sd of coordinate j (the sd of the estimator ĝ_j).  Paper 002
-writes h for ε; paper 003 writes γ with ε = 2γ.
+   u' = u + \tfrac{\varepsilon}{2}\,L^\top\hat g(\theta) + \mathcal N(0, v),\qquad
+   \text{i.e.}\quad \theta' = \theta + \tfrac{\varepsilon}{2}\,M\hat g(\theta) + \mathcal N(0, vM),
+
+with ĝ the mini-batch gradient of log π — plain, or with control variates around the warmup
+mode (``gradient="cv"``, the default) — and the injected variance per working coordinate
+
+* vanilla: v = ε·τ, τ the temperature;
+* ``correct_discretisation``: v = ε·τ·(1 − ε/4), which makes the Euler chain exact for a
+  Gaussian target whitened by M (on by default with the Laplace preconditioner: with M the
+  posterior covariance the chain's stationary covariance is M/(1 − ε/4) otherwise);
+* corrected (c-SGLD, paper 001 Alg. 7): minus the gradient noise's own contribution,
+  v = max(v − ε²·τ̂_j²/4, 0), τ̂ the EMA of the gradient-noise sd in the working frame.
+
+With ``preconditioner=None`` (M = I) ε is in the units of the unconstrained parameters'
+variance, as in the papers (paper 002's h is ε; paper 003's γ is ε/2); with the default
+Laplace preconditioner ε is dimensionless (ε = 1 moves about one posterior sd per step).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 from jax import random
 
-from numpyro_sg.kernels.base import SGKernel
+from numpyro_sg.kernels.base import GradientKernel, check_choice, check_positive
+from numpyro_sg.kernels.moves import (
+    CallableSchedule,
+    PolynomialSchedule,
+    langevin_move,
+    langevin_noise_variance,
+    step_size_at,
+)
 
-__all__ = [
-    "SGLD",
-    "SGLDState",
-    "polynomial_schedule",
-    "sgld_update",
-    "corrected_noise_variance",
-]
+__all__ = ["SGLD", "SGLDState", "SGLDHyper", "DEFAULT_STEP_SIZE"]
 
-
-def polynomial_schedule(a: float, b: float = 1.0, kappa: float = 0.55) -> Callable:
-    """Decaying step sizes ε_t = a·(b + t)^(−κ), κ ∈ (0, 1] (t = 0, 1, … counts warmup too)."""
-    if not 0.0 < kappa <= 1.0:
-        raise ValueError(f"kappa must lie in (0, 1], got {kappa}.")
-    if a <= 0 or b <= 0:
-        raise ValueError(f"a and b must be positive, got a={a}, b={b}.")
-
-    def schedule(t):
-        return a * (b + t) ** (-kappa)
-
-    schedule.__doc__ = f"ε_t = {a}·({b} + t)^(−{kappa})"
-    return schedule
+#: default ε in the working frame of the Laplace preconditioner (see docs/warmup.md)
+DEFAULT_STEP_SIZE = 0.5
 
 
-def corrected_noise_variance(step_size, temperature, noise_sd):
-    """Variance to inject in c-SGLD: max(ε·τ − ε²·τ̂²/4, 0) per coordinate.
+class SGLDHyper(NamedTuple):
+    """Hyperparameters of :class:`SGLD` held in its state: ``step_size`` ε (a scalar, one entry
+    per unconstrained coordinate, or a schedule pytree evaluated at the iteration counter)
+    and ``temperature`` τ."""
 
-    The stochastic gradient already contributes variance (ε/2)²·τ̂² to each coordinate; only
-    the rest of the Langevin variance ε·τ is injected.
-    """
-    return jnp.maximum(step_size * temperature - step_size**2 * noise_sd**2 / 4.0, 0.0)
-
-
-def sgld_update(theta, grad, step_size, noise, noise_variance):
-    """θ + (ε/2)·ĝ + √v·ξ with ξ = ``noise`` ~ N(0, I) and v = ``noise_variance``."""
-    return theta + 0.5 * step_size * grad + jnp.sqrt(noise_variance) * noise
-
-
-def _check_positive(name, value):
-    if not callable(value) and not jnp.all(jnp.asarray(value) > 0):
-        raise ValueError(f"{name} must be positive, got {value!r}.")
+    step_size: Any
+    temperature: Any
 
 
 class SGLDState(NamedTuple):
@@ -66,8 +59,10 @@ class SGLDState(NamedTuple):
 
     ``i`` iteration counter (warmup included); ``z`` unconstrained parameters (dict);
     ``z_grad`` the stochastic gradient ĝ at ``z`` (flat); ``grad_noise_sd`` the EMA τ̂ of the
-    gradient-noise sd per coordinate (NaN when not estimated); ``step_size`` the ε that
-    produced ``z`` (per coordinate when given as an array); ``diverging`` True from the first non-finite state or gradient on.
+    gradient-noise sd per working coordinate (NaN when not estimated); ``step_size`` the ε
+    that produced ``z``; ``hyper`` the :class:`SGLDHyper`; ``precond`` the preconditioner;
+    ``anchor`` the control-variate anchor (``None`` for plain gradients); ``guard`` the
+    blow-up detector; ``diverging`` True from the first divergence on.
     """
 
     i: Any
@@ -75,79 +70,119 @@ class SGLDState(NamedTuple):
     z_grad: Any
     grad_noise_sd: Any
     step_size: Any
+    hyper: Any
+    precond: Any
+    anchor: Any
+    guard: Any
     diverging: Any
     batch_state: Any
     rng_key: Any
 
 
-class SGLD(SGKernel):
-    """Stochastic gradient Langevin dynamics for a NumPyro model with a subsample plate.
+class SGLD(GradientKernel):
+    r"""Stochastic gradient Langevin dynamics for a NumPyro model with a subsample plate.
 
-    θ' = θ + (ε/2)·ĝ(θ) + N(0, ε·τ·I) (``variant="vanilla"``); ``variant="corrected"``
-    (c-SGLD, paper 001 Alg. 7) injects only max(ε·τ − ε²·τ̂_j²/4, 0) per coordinate, τ̂ the
-    EMA of the gradient-noise sd.  ε is ``step_size`` (a float, or a callable t ↦ ε_t such as
-    :func:`polynomial_schedule`, t the iteration counter including warmup).  The chain lives
-    on NumPyro's unconstrained space.
+    θ' = θ + (ε/2)·M·ĝ(θ) + N(0, v·M) (see :mod:`numpyro_sg.kernels.sgld`): before the chains
+    start, the warmup finds the posterior mode, the Laplace preconditioner M and the
+    control-variate anchor (:mod:`numpyro_sg.warmup`), and the chains start from draws of the
+    Laplace approximation.  The defaults need no tuning: ε = 0.5 in the preconditioner's
+    units, with the discretisation correction.
 
     :param model: NumPyro model with a subsample plate.
-    :param step_size: ε > 0: a float, an array with one entry per unconstrained coordinate
-        (a constant diagonal preconditioner, θ'_j = θ_j + (ε_j/2)·ĝ_j + N(0, ε_j·τ), for
-        posteriors whose coordinates have very different scales), or a callable schedule.
-    :param str variant: ``"vanilla"`` or ``"corrected"``.
+    :param step_size: ε > 0 in the working frame of the preconditioner: a float, an array with
+        one entry per unconstrained coordinate, a schedule (:func:`polynomial_schedule`, or any
+        callable t ↦ ε_t, t the iteration counter including warmup); ``None`` (default) for
+        :data:`DEFAULT_STEP_SIZE` (needs a preconditioner).
+    :param str variant: ``"vanilla"`` or ``"corrected"`` (c-SGLD: subtract the gradient noise's
+        variance from the injected noise; needs τ̂ from per-datum gradients).
     :param float temperature: τ (default 1).
+    :param preconditioner: ``"laplace"`` (default), ``"adapt"``, ``None`` or an array; see
+        :class:`~numpyro_sg.kernels.base.GradientKernel`.
+    :param str gradient: ``"cv"`` (default) or ``"plain"``.
+    :param correct_discretisation: inject ε·τ·(1 − ε/4) instead of ε·τ (default: on with the
+        ``"laplace"``/``"adapt"`` preconditioner, off otherwise).
     :param bool estimate_noise: compute τ̂ from per-datum gradients (default: only when the
         variant needs it; costs about one extra gradient evaluation per iteration).
-    :param kwargs: ``subsample_size``, ``replace``, ``init_strategy``, ``check_data``,
-        ``noise_ema_weight``: see :class:`~numpyro_sg.kernels.base.SGKernel`.
+    :param warmup_options: options of the mode search (:class:`~numpyro_sg.warmup.WarmupOptions`
+        or a dict), or a :class:`~numpyro_sg.warmup.ModeFit` to reuse.
+    :param subsample_size: mini-batch size n (overrides the plate's; the N/n scale follows).
+    :param bool replace: draw indices with replacement (default) or walk epochs.
+    :param init_strategy: NumPyro init strategy; default ``None`` starts every chain at a draw
+        of the Laplace approximation at the mode.  An explicit strategy (or ``init_params``)
+        wins.
+    :param bool check_data: check that the subsampled data are finite.
+    :param float noise_ema_weight: β of the EMA τ̂⁽ᵏ⁾ = (1−β)·τ̂⁽ᵏ⁻¹⁾ + β·τ̂_k.
 
     Extra fields: ``step_size``, ``grad_noise_sd``, ``diverging``.
+
+    **Example:**
+
+    .. code-block:: python
+
+        mcmc = MCMC(nsg.SGLD(model), num_warmup=1000, num_samples=2000, num_chains=4,
+                    chain_method="vectorized")
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+
+        # classic SGLD: absolute step size, plain gradients, NumPyro's random start
+        nsg.SGLD(model, 1e-5, preconditioner=None, gradient="plain",
+                 init_strategy=numpyro.infer.init_to_uniform)
     """
 
     State = SGLDState
+    HYPERPARAMETERS = ("step_size", "temperature")
     VARIANTS = ("vanilla", "corrected")
 
-    def __init__(
-        self,
-        model,
-        step_size=1e-4,
-        *,
-        variant: str = "vanilla",
-        temperature: float = 1.0,
-        estimate_noise: bool | None = None,
-        **kwargs,
-    ):
-        if variant not in self.VARIANTS:
-            raise ValueError(f"variant must be one of {self.VARIANTS}, got {variant!r}.")
-        _check_positive("step_size", step_size)
-        _check_positive("temperature", temperature)
-        super().__init__(model, **kwargs)
+    def __init__(self, model, step_size=None, *, variant="vanilla", temperature=1.0,
+                 preconditioner="laplace", gradient="cv", correct_discretisation=None,
+                 estimate_noise=None, warmup_options=None, subsample_size=None, replace=True,
+                 init_strategy=None, check_data=True, noise_ema_weight=0.1):
+        check_choice("variant", variant, self.VARIANTS)
+        if step_size is not None and not callable(step_size):
+            check_positive("step_size", step_size)
+        check_positive("temperature", temperature)
+        super().__init__(model, preconditioner=preconditioner, gradient=gradient,
+                         warmup_options=warmup_options, subsample_size=subsample_size,
+                         replace=replace, init_strategy=init_strategy, check_data=check_data,
+                         noise_ema_weight=noise_ema_weight)
+        if step_size is None and self.preconditioner is None:
+            raise ValueError(
+                "step_size=None chooses ε in the units of the preconditioner; with "
+                "preconditioner=None give step_size (ε in units of the parameters' variance)."
+            )
         self.step_size = step_size
         self.variant = variant
         self.temperature = float(temperature)
-        self.estimate_noise = (variant == "corrected") if estimate_noise is None else estimate_noise
+        self.estimate_noise = (variant == "corrected") if estimate_noise is None else bool(estimate_noise)
         if variant == "corrected" and not self.estimate_noise:
             raise ValueError("variant='corrected' needs estimate_noise=True.")
-        self._needs_single_plate = self.estimate_noise
+        if correct_discretisation is None:
+            correct_discretisation = isinstance(self.preconditioner, str)
+        self.correct_discretisation = bool(correct_discretisation)
 
-    def _step_size_at(self, t):
-        if callable(self.step_size):
-            return jnp.asarray(self.step_size(t), dtype=jnp.result_type(float))
-        return jnp.asarray(self.step_size, dtype=jnp.result_type(float))
+    def _hyperparameters(self, dim, precond):
+        eps = DEFAULT_STEP_SIZE if self.step_size is None else self.step_size
+        if callable(eps) and not isinstance(eps, (PolynomialSchedule, CallableSchedule)):
+            eps = CallableSchedule(eps)
+        if not callable(eps):
+            eps = jnp.asarray(eps, jnp.result_type(float))
+            if eps.ndim > 1 or (eps.ndim == 1 and eps.shape != (dim,)):
+                raise ValueError(
+                    f"step_size has shape {eps.shape} but the model has {dim} unconstrained coordinates."
+                )
+        return SGLDHyper(step_size=eps, temperature=jnp.asarray(self.temperature, jnp.result_type(float)))
 
-    def _init_extra(self, flat, noise_sd):
-        eps = self._step_size_at(0)
-        if eps.ndim > 1 or (eps.ndim == 1 and eps.shape != flat.shape):
-            raise ValueError(
-                f"step_size has shape {eps.shape} but the model has {flat.shape[0]} "
-                "unconstrained coordinates."
-            )
-        return dict(step_size=eps)
+    def _init_fields(self, noise_sd, hyper, dim, dtype):
+        return dict(step_size=step_size_at(hyper.step_size, 0, dtype))
 
-    def _update(self, state, flat, key):
-        eps = self._step_size_at(state.i)
-        if self.variant == "corrected":
-            var = corrected_noise_variance(eps, self.temperature, state.grad_noise_sd)
-        else:
-            var = eps * self.temperature
-        noise = random.normal(key, flat.shape, flat.dtype)
-        return sgld_update(flat, state.z_grad, eps, noise, var), dict(step_size=eps)
+    def _refresh(self, state):
+        return state._replace(step_size=step_size_at(state.hyper.step_size, state.i))
+
+    def _move(self, state, grad_w, noise_sd_w, key):
+        eps = step_size_at(state.hyper.step_size, state.i, grad_w.dtype)
+        variance = langevin_noise_variance(
+            eps, state.hyper.temperature,
+            noise_sd_w if self.variant == "corrected" else None,
+            self.correct_discretisation,
+        )
+        noise = random.normal(key, grad_w.shape, grad_w.dtype)
+        return langevin_move(jnp.zeros_like(grad_w), grad_w, eps, noise, variance), dict(step_size=eps)

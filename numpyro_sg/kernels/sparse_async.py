@@ -58,7 +58,7 @@ from jax import lax, random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import constrain_fn
 
-from numpyro_sg.kernels.base import SGKernel, _all_finite, jit_with_data, split_init_key
+from numpyro_sg.kernels.base import SGKernel, all_finite, jit_with_data, split_init_key
 from numpyro_sg.minibatch import Minibatcher, full_data
 from numpyro_sg.spike_slab import (
     SpikeSlabError,
@@ -483,12 +483,12 @@ class SparseAsync(SGKernel):
         )
 
     # -- one iteration ---------------------------------------------------------------------------
-    def _step(self, state, model_args, model_kwargs):
+    def step(self, state, model_args, model_kwargs):
         if self._fast:
             new = self._step_fast(state, model_args, model_kwargs)
         else:
             new = self._step_dense(state, model_args, model_kwargs)
-        ok = _all_finite(ravel_pytree({k: v for k, v in new.z.items() if k != _KEY})[0])
+        ok = all_finite(ravel_pytree({k: v for k, v in new.z.items() if k != _KEY})[0])
         diverging = state.diverging | ~ok
         keep = lambda old, nw: jax.tree.map(lambda a, b: jnp.where(diverging, a, b), old, nw)  # noqa: E731
         return new._replace(

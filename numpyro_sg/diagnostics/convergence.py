@@ -1,0 +1,183 @@
+r"""Convergence checks: no silent failure after ``MCMC.run``.
+
+:func:`check_convergence` computes, for every continuous latent site of a run, over the kept
+draws:
+
+* the rank-normalised split-R̂ (``arviz.rhat``) — the chains (and the halves of each chain)
+  disagree when it exceeds ``rhat_max`` (1.05);
+* the bulk effective sample size (``arviz.ess``) — too few independent draws below
+  ``ess_min`` (100);
+* the *drift* of each chain: the difference between the means of the first and the last third
+  of its draws, in units of the site's posterior sd (the sd of all kept draws) — a chain
+  still travelling towards the posterior shows many sds (flagged above ``drift_max``, 1).
+
+and issues one :class:`ConvergenceWarning` naming the sites at fault, the worst coordinate
+and the remedy.  The stochastic-gradient kernels run it automatically at the end of every
+``MCMC.run`` (:func:`watch_runs`): NumPyro's ``MCMC`` has no end-of-run hook, so the kernel
+registers one on the ``MCMC`` object that calls its ``init`` (an instance-level wrapper of
+the method ``MCMC.run`` calls last, ``_set_collection_params``, pinned to numpyro 0.22).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["ConvergenceWarning", "check_convergence", "convergence_table", "watch_runs"]
+
+#: at most this many coordinates per site are checked (evenly spaced) — R̂/ESS cost per coordinate
+MAX_COORDINATES = 1000
+
+
+class ConvergenceWarning(UserWarning):
+    """The chains of a run have not converged (R̂, effective sample size or drift)."""
+
+
+def _coordinates(values: np.ndarray) -> np.ndarray:
+    """(chains, draws, k) float64 view of a site's draws, at most MAX_COORDINATES of them."""
+    chains, draws = values.shape[:2]
+    flat = values.reshape(chains, draws, -1).astype(np.float64)
+    if flat.shape[-1] > MAX_COORDINATES:
+        keep = np.unique(np.linspace(0, flat.shape[-1] - 1, MAX_COORDINATES).round().astype(int))
+        flat = flat[..., keep]
+    return flat
+
+
+def _drift(x: np.ndarray) -> np.ndarray:
+    """max over chains of |mean(last third) − mean(first third)| / sd, per coordinate."""
+    draws = x.shape[1]
+    third = max(draws // 3, 1)
+    sd = x.reshape(-1, x.shape[-1]).std(axis=0)
+    diff = np.abs(x[:, -third:].mean(axis=1) - x[:, :third].mean(axis=1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(sd > 0, diff / np.where(sd > 0, sd, 1.0), 0.0)
+    return ratio.max(axis=0)
+
+
+def convergence_table(samples: dict) -> pd.DataFrame:
+    """Per site: worst split-R̂, lowest bulk ESS and largest drift (in sds) over its coordinates.
+
+    :param samples: draws ``{site: array (chains, draws, …)}``; integer/boolean sites (model
+        indicators) and sites with fewer than 4 draws per chain are skipped.
+    :return: a ``DataFrame`` indexed by site with columns ``r_hat``, ``ess_bulk``, ``drift``
+        and ``worst`` (the coordinate index, within the site, with the worst R̂).
+    """
+    import arviz as az
+
+    rows = {}
+    for name, values in samples.items():
+        values = np.asarray(values)
+        if values.ndim < 2 or values.shape[1] < 4 or not np.issubdtype(values.dtype, np.floating):
+            continue
+        x = _coordinates(values)
+        if not np.all(np.isfinite(x)):
+            rows[name] = dict(r_hat=np.inf, ess_bulk=0.0, drift=np.inf, worst=0)
+            continue
+        data = az.convert_to_dataset({"x": x})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # constant coordinates: arviz warns and gives NaN
+            rhat = np.asarray(az.rhat(data)["x"].values, np.float64).reshape(-1)
+            ess = np.asarray(az.ess(data, method="bulk")["x"].values, np.float64).reshape(-1)
+        drift = _drift(x)
+        rhat_ok = np.where(np.isfinite(rhat), rhat, 1.0)
+        rows[name] = dict(
+            r_hat=float(rhat_ok.max()), ess_bulk=float(np.nanmin(ess)) if np.isfinite(ess).any() else np.nan,
+            drift=float(drift.max()), worst=int(np.argmax(rhat_ok)),
+        )
+    return pd.DataFrame.from_dict(rows, orient="index", columns=["r_hat", "ess_bulk", "drift", "worst"])
+
+
+def _run_samples(obj) -> dict:
+    if hasattr(obj, "posterior"):
+        return {k: np.asarray(v.values) for k, v in obj.posterior.data_vars.items()}
+    if hasattr(obj, "get_samples"):
+        return {k: np.asarray(v) for k, v in obj.get_samples(group_by_chain=True).items()}
+    if isinstance(obj, dict):
+        return {k: np.asarray(v) for k, v in obj.items()}
+    raise TypeError(f"expected an MCMC object, an InferenceData or a dict of draws; got {type(obj).__name__}.")
+
+
+def check_convergence(obj, *, rhat_max: float = 1.05, ess_min: float = 100, drift_max: float = 1.0,
+                      sites=None, label: str = "the run", warn: bool = True) -> pd.DataFrame:
+    """Check a run for convergence; warn (:class:`ConvergenceWarning`) naming the sites at fault.
+
+    :param obj: a ``numpyro.infer.MCMC`` after ``run``, an ``arviz.InferenceData`` or a dict
+        ``{site: (chains, draws, …)}``.
+    :param float rhat_max: split-R̂ above this is flagged (default 1.05).
+    :param float ess_min: bulk ESS below this is flagged (default 100).
+    :param float drift_max: a chain whose first and last thirds differ by more than this many
+        posterior sds is flagged as still drifting (default 1).
+    :param sites: names of the sites to check (default: every floating-point site).
+    :param str label: how the run is named in the warning.
+    :param bool warn: issue the warning (default True).
+    :return: the :func:`convergence_table` with a boolean column ``ok``.
+
+    **Example:**
+
+    .. code-block:: python
+
+        mcmc.run(key, X, y)
+        table = nsg.check_convergence(mcmc)   # warns when R̂ > 1.05, ESS < 100 or drift > 1 sd
+    """
+    samples = _run_samples(obj)
+    if sites is not None:
+        samples = {k: v for k, v in samples.items() if k in set(sites)}
+    table = convergence_table(samples)
+    table["ok"] = (table["r_hat"] <= rhat_max) & (table["ess_bulk"] >= ess_min) & (table["drift"] <= drift_max)
+    if warn and not table["ok"].all():
+        warnings.warn(_message(table, label, rhat_max, ess_min, drift_max), ConvergenceWarning, stacklevel=2)
+    return table
+
+
+def _message(table, label, rhat_max, ess_min, drift_max) -> str:
+    problems = []
+    bad = table[table["r_hat"] > rhat_max]
+    if len(bad):
+        problems.append("split-R̂ " + ", ".join(f"{r:.3g} for '{n}' (worst coordinate {w})"
+                                                for n, r, w in zip(bad.index, bad["r_hat"], bad["worst"]))
+                        + f" > {rhat_max}")
+    bad = table[~(table["ess_bulk"] >= ess_min)]
+    if len(bad):
+        problems.append("bulk ESS " + ", ".join(f"{e:.0f} for '{n}'" for n, e in zip(bad.index, bad["ess_bulk"]))
+                        + f" < {ess_min:.0f}")
+    bad = table[table["drift"] > drift_max]
+    if len(bad):
+        problems.append("still drifting: the first and last thirds of a chain's draws differ by "
+                        + ", ".join(f"{x:.3g} posterior sds in '{n}'" for n, x in zip(bad.index, bad["drift"])))
+    return (
+        f"{label} has not converged: " + "; ".join(problems) + ". The draws may be far from the "
+        "posterior. Remedies: a longer num_warmup and num_samples; start from the warmup's mode "
+        "(the kernels' default, init_strategy=None) rather than a random start; a larger "
+        "step_size if the chain moves too slowly, a smaller one if it is unstable; compare with "
+        "NUTS (numpyro_sg.nuts_reference) when it is affordable."
+    )
+
+
+def watch_runs(mcmc, label: str):
+    """Run :func:`check_convergence` on ``mcmc``'s draws at the end of each of its sampling runs.
+
+    Installed once per ``MCMC`` object by the kernels' ``init``; warmup-only runs
+    (``MCMC.warmup``) are not checked.
+    """
+    if getattr(mcmc, "_numpyro_sg_watched", False):
+        return
+    original = mcmc._set_collection_params
+
+    def set_collection_params(*args, **kwargs):
+        phase = mcmc._collection_params.get("phase")
+        original(*args, **kwargs)
+        if args or kwargs or phase == "warmup" or getattr(mcmc, "_states", None) is None:
+            return
+        try:
+            z = mcmc.last_state.z
+            sites = list(z) if isinstance(z, dict) else None
+            check_convergence(mcmc, sites=sites, label=f"{label} (MCMC.run)")
+        except ConvergenceWarning:  # a test turned warnings into errors: let it through
+            raise
+        except Exception as err:  # noqa: BLE001 - a diagnostic must never break a finished run
+            warnings.warn(f"numpyro_sg could not check convergence: {err}", RuntimeWarning, stacklevel=2)
+
+    mcmc._set_collection_params = set_collection_params
+    mcmc._numpyro_sg_watched = True
