@@ -2,14 +2,13 @@
 
 from numpyro_sg.kernels import ESGLD, SGBD, SGLD, DivergenceWarning, SparseAsync, polynomial_schedule
 from numpyro_sg.arviz import summary, to_inference_data
-from numpyro_sg.diagnostics.fssd import fssd
-from numpyro_sg.diagnostics.ksd import ksd, ksd_path, ksd_per_coordinate
+from numpyro_sg.diagnostics.ksd import ksd_path, ksd_per_coordinate
 from numpyro_sg.diagnostics.plots import plot_ksd_path
+from numpyro_sg.diagnostics.stein import fssd, ksd
 from numpyro_sg.minibatch import find_subsample_plates
 from numpyro_sg.reference import compare, nuts_reference, plot_compare
 from numpyro_sg.tuning import grid_search, heuristic_step_size, mamba
-
-__version__ = "0.1.0"
+from numpyro_sg.version import __version__
 
 __all__ = [
     "SGLD",

@@ -9,26 +9,29 @@ Stein discrepancy of the run (full-data scores) to ``sample_stats``.
 from __future__ import annotations
 
 import math
+import time
 from types import SimpleNamespace
 
 import arviz as az
 import jax
 import numpy as np
 import pandas as pd
+import xarray as xr
 from numpyro import handlers
 
 from numpyro_sg.diagnostics.model_scores import (
     STEIN_GROUP,
     ModelScores,
-    _full_data_model,
+    full_data_model,
     ksd_of_stein,
     resolve_run_scales,
     run_model,
     run_samples,
     stein_dataset,
+    stein_of,
 )
 
-__all__ = ["to_inference_data", "summary"]
+__all__ = ["to_inference_data", "summary", "attach_ksd", "cast_discrete", "preconditioner_name"]
 
 _KSD_OPTIONS = ("c", "beta", "statistic", "block_size")
 
@@ -70,8 +73,24 @@ def _check_log_likelihood_size(num_samples, model, model_args, model_kwargs, lim
         )
 
 
-def _cast_discrete(idata, discrete_sites):
-    """Indicator sites as integers (a kernel may carry them as floats)."""
+def cast_discrete(idata, discrete_sites):
+    """Round the posterior's discrete (indicator) sites to integers, in place (a kernel may
+    carry them as floats).  Names not in the posterior are skipped.
+
+    :param idata: an ``InferenceData`` with a ``posterior`` group (modified).
+    :param discrete_sites: names of the discrete latent sites (e.g.
+        ``ModelScores.discrete_sites``).
+
+    **Example:**
+
+    >>> import arviz as az
+    >>> import numpy as np
+    >>> from numpyro_sg.arviz import cast_discrete
+    >>> idata = az.from_dict(posterior={"gamma": np.array([[0.0, 1.0, 1.0]])})
+    >>> cast_discrete(idata, ["gamma"])
+    >>> idata.posterior["gamma"].dtype
+    dtype('int64')
+    """
     for name in discrete_sites:
         if name in idata.posterior:
             idata.posterior[name] = idata.posterior[name].round().astype(np.int64)
@@ -143,9 +162,27 @@ def to_inference_data(
         by :func:`numpyro_sg.compare`.
     :param model, model_args, model_kwargs: override the model and data the run used.
     :param kwargs: passed to :func:`arviz.from_numpyro` (``coords``, ``dims``, …).
-    """
-    import time
 
+    **Example:**
+
+    >>> import numpy as np
+    >>> import numpyro
+    >>> import numpyro.distributions as dist
+    >>> from jax import random
+    >>> from numpyro.infer import MCMC, NUTS
+    >>> import numpyro_sg as nsg
+    >>> def model(y):
+    ...     mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    ...     numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+    >>> y = np.random.default_rng(0).normal(1.0, 1.0, size=100)
+    >>> mcmc = MCMC(NUTS(model), num_warmup=200, num_samples=200, progress_bar=False)
+    >>> mcmc.run(random.PRNGKey(0), y)
+    >>> idata = nsg.to_inference_data(mcmc)
+    >>> sorted(idata.groups())
+    ['observed_data', 'posterior', 'sample_stats', 'stein']
+    >>> idata.sample_stats.attrs["ksd_preconditioner"], idata.sample_stats["ksd"].dims
+    ('sd', ('chain',))
+    """
     if not hasattr(mcmc, "get_samples") or not hasattr(mcmc, "sampler"):
         raise TypeError(
             f"to_inference_data expects a numpyro.infer.MCMC object, got {type(mcmc).__name__}."
@@ -157,7 +194,7 @@ def to_inference_data(
     if unknown:
         raise TypeError(f"unknown ksd_options {sorted(unknown)}; allowed: {list(_KSD_OPTIONS)}.")
     model, model_args, model_kwargs = run_model(mcmc, model, model_args, model_kwargs)
-    full_model = _full_data_model(model, model_args, model_kwargs)
+    full_model = full_data_model(model, model_args, model_kwargs)
     if log_likelihood:
         num_samples = next(iter(mcmc.get_samples().values())).shape[0]  # chains × draws
         _check_log_likelihood_size(
@@ -170,28 +207,66 @@ def to_inference_data(
         idata.posterior.attrs["sampling_time"] = float(sampling_time)
 
     scores = ModelScores(model, model_args, model_kwargs)
-    _cast_discrete(idata, scores.discrete_sites)
+    cast_discrete(idata, scores.discrete_sites)
     if "sample_stats" in idata.groups():
         _name_coordinate_dims(idata, scores.coordinate_names)
     if ksd:
         start = time.perf_counter()
         stein = stein_dataset(run_samples(mcmc), scores, ksd_draws)
         scales = resolve_run_scales(preconditioner, stein, scores)
-        _attach_ksd(idata, stein, scales, preconditioner, ksd_options)
+        attach_ksd(idata, stein, scales, preconditioner, ksd_options)
         idata.sample_stats.attrs["ksd_seconds"] = time.perf_counter() - start
     return idata
 
 
-def _preconditioner_name(preconditioner) -> str:
+def preconditioner_name(preconditioner) -> str:
+    """How a ``preconditioner`` option is recorded in the ``ksd_preconditioner`` attribute:
+    ``"none"`` for ``None``, the string itself for ``"sd"``/``"laplace"``, else ``"array"``.
+
+    :param preconditioner: ``"sd"``, ``"laplace"``, an array of scales or ``None``.
+    :return: str.
+
+    **Example:**
+
+    >>> import numpy as np
+    >>> from numpyro_sg.arviz import preconditioner_name
+    >>> preconditioner_name(None), preconditioner_name("sd"), preconditioner_name(np.ones(3))
+    ('none', 'sd', 'array')
+    """
     if preconditioner is None:
         return "none"
     return preconditioner if isinstance(preconditioner, str) else "array"
 
 
-def _attach_ksd(idata, stein, scales, preconditioner, options):
-    """Per-chain ``ksd`` into sample_stats, pooled KSD and settings into attrs, ``stein`` group."""
-    import xarray as xr
+def attach_ksd(idata, stein, scales, preconditioner, options):
+    """Store a run's KSD in ``idata``, in place: per-chain ``ksd`` into ``sample_stats``, the
+    pooled KSD and its settings into ``sample_stats.attrs``, and the ``stein`` group (with
+    ``ksd_per_coordinate`` and the same settings in its attrs), replacing any earlier one.
 
+    :param idata: the run's ``InferenceData`` (``posterior`` with a ``chain`` dim; a missing
+        ``sample_stats`` group is created).
+    :param stein: its scored draws (:func:`~numpyro_sg.diagnostics.model_scores.stein_dataset`).
+    :param scales: the common per-coordinate scales (d,), or ``None`` (raw form).
+    :param preconditioner: the option the scales came from (recorded through
+        :func:`preconditioner_name`).
+    :param dict options: options of :func:`numpyro_sg.diagnostics.ksd.ksd` (``c``, ``beta``,
+        ``statistic``, ``block_size``).
+
+    **Example:**
+
+    >>> import arviz as az
+    >>> import numpy as np
+    >>> import xarray as xr
+    >>> from numpyro_sg.arviz import attach_ksd
+    >>> x = np.random.default_rng(0).normal(size=(2, 100, 3))  # 2 chains of N(0, I) draws
+    >>> dims = ("chain", "draw", "coordinate")
+    >>> stein = xr.Dataset({"unconstrained": (dims, x), "score": (dims, -x)},
+    ...                    coords={"chain": [0, 1], "draw": np.arange(100)})
+    >>> idata = az.from_dict(posterior={"theta": x})
+    >>> attach_ksd(idata, stein, np.ones(3), "array", {})
+    >>> idata.sample_stats["ksd"].shape, idata.stein["ksd_per_coordinate"].shape
+    ((2,), (3,))
+    """
     per_chain = ksd_of_stein(stein, scales, per_chain=True, **options)
     pooled = ksd_of_stein(stein, scales, **options)
     per_coord = ksd_of_stein(stein, scales, per_coordinate=True, **options)
@@ -204,7 +279,7 @@ def _attach_ksd(idata, stein, scales, preconditioner, options):
         idata.sample_stats["ksd"] = ksd_var
     attrs = {
         "ksd": float(pooled),
-        "ksd_preconditioner": _preconditioner_name(preconditioner),
+        "ksd_preconditioner": preconditioner_name(preconditioner),
         "ksd_scales": np.ones(stein.sizes["coordinate"]) if scales is None else np.asarray(scales, float),
         "ksd_c": float(options.get("c", 1.0)),
         "ksd_beta": float(options.get("beta", -0.5)),
@@ -257,9 +332,21 @@ def summary(
         model), an array of scales or ``None`` (the papers' raw form), as in
         :func:`numpyro_sg.ksd`.
     :param kwargs: passed to :func:`arviz.summary` (``var_names``, ``hdi_prob``, …).
-    """
-    from numpyro_sg.diagnostics.model_scores import _stein_of
 
+    **Example:** draws of any origin, scored with the model; the third coordinate of these
+    draws is off by 1 (about ten posterior sds), and its ``ksd`` term is the largest.
+
+    >>> import arviz as az
+    >>> import numpy as np
+    >>> import numpyro_sg as nsg
+    >>> from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
+    >>> X, y, theta = simulate_logistic_regression(num_data=500, dim=3)
+    >>> noise = 0.1 * np.random.default_rng(0).normal(size=(2, 200, 3))
+    >>> idata = az.from_dict(posterior={"theta": theta + [0.0, 0.0, 1.0] + noise})
+    >>> table = nsg.summary(idata, model=logistic_regression_model, model_args=(X, y))
+    >>> table["ksd"].idxmax()
+    'theta[2]'
+    """
     stored = isinstance(preconditioner, str) and preconditioner == "stored"
     if hasattr(idata, "get_samples"):  # an MCMC object
         idata = to_inference_data(
@@ -269,7 +356,7 @@ def summary(
     table = az.summary(idata, **kwargs)
     has_stein = STEIN_GROUP in idata.groups()
     if has_stein or model is not None:
-        stein, scores = _stein_of(idata, model, model_args, model_kwargs, None)
+        stein, scores = stein_of(idata, model, model_args, model_kwargs, None)
         if stored and "ksd_per_coordinate" in stein:
             per_coord = np.asarray(stein["ksd_per_coordinate"].values)
         else:

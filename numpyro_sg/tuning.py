@@ -55,7 +55,13 @@ import numpy as np
 import pandas as pd
 from jax import lax, random
 
+from numpyro_sg.arviz import attach_ksd as _attach_ksd
+from numpyro_sg.arviz import cast_discrete as _cast_discrete
+from numpyro_sg.arviz import preconditioner_name as _preconditioner_name
+from numpyro_sg.diagnostics.fssd import fssd
+from numpyro_sg.diagnostics.ksd import ksd
 from numpyro_sg.diagnostics.model_scores import ModelScores, stein_dataset
+from numpyro_sg.laplace import laplace_approximation
 
 __all__ = ["mamba", "grid_search", "heuristic_step_size", "TuningResult", "grid_arms"]
 
@@ -357,8 +363,6 @@ class _Scorer:
     def _laplace(self):
         """(mode, scales) of the full-data posterior, by damped Newton from 0, else from a
         random point in (−2, 2) (as ``init_to_uniform``) on the unconstrained space."""
-        from numpyro_sg.diagnostics.ksd import laplace_approximation
-
         try:
             score_fn = self.scores.score_fn()
         except ValueError as err:
@@ -425,9 +429,6 @@ class _Scorer:
 
     def score(self, z_draws) -> float:
         """Score (lower is better) of an arm's thinned draws, at most ``score_draws`` of them."""
-        from numpyro_sg.diagnostics.fssd import fssd
-        from numpyro_sg.diagnostics.ksd import ksd
-
         keep = _even(jax.tree.leaves(z_draws)[0].shape[0], self.score_draws)
         z_draws = jax.tree.map(lambda v: np.asarray(v)[keep], z_draws)
         if callable(self.metric):
@@ -571,8 +572,6 @@ def _tune(make_kernel, grid, *, model_args, model_kwargs, time_budget, eta, metr
 def _arm_idata(scorer: _Scorer, pieces, seconds, metric):
     """InferenceData of one arm's thinned draws, with KSD on the common scale."""
     import arviz as az
-
-    from numpyro_sg.arviz import _attach_ksd, _cast_discrete, _preconditioner_name
 
     z = jax.tree.map(lambda *v: np.concatenate(v), *pieces)
     samples = scorer.constrained(z)

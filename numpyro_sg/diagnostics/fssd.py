@@ -1,20 +1,24 @@
 r"""Finite set Stein discrepancy (FSSD, Jitkrittum et al. 2017; paper 002 §2.2.2, SPEC §7).
 
 Gaussian kernel k(θ, v) = exp(−‖θ − v‖²/(2σ²)), score s(θ) = ∇ log π(θ).  The Stein witness
-at a test location v is
+at a test location v is::
 
     g_i(v) = E_θ[ s_i(θ)·k(θ, v) + ∂_{θ_i} k(θ, v) ]
            = E_θ[ k(θ, v)·( s_i(θ) − (θ_i − v_i)/σ² ) ],
 
-with E_θ the average over the draws, and for J locations v_1 … v_J in d dimensions
+with E_θ the average over the draws, and for J locations v_1 … v_J in d dimensions::
 
     FSSD² = (1/(dJ))·Σ_{i=1}^{d} Σ_{j=1}^{J} g_i(v_j)².
 
 :func:`fssd` returns this **squared** statistic (FSSD², the plug-in / V-statistic form of the
 papers; it is O(1/T) rather than 0 for exact draws).  Cost and memory are O(T·J·d) and O(T·J).
 
+This module works on **arrays only** (draws and a score function or scores); for an ArviZ
+``InferenceData`` or a NumPyro ``MCMC`` run use :func:`numpyro_sg.fssd`, which reads the
+model and forwards arrays here.
+
 Draws and scores are preconditioned as for the KSD (x → x/s, score → score·s; see
-:func:`numpyro_sg.diagnostics.ksd.resolve_scales`), the bandwidth defaults to the median
+:func:`numpyro_sg.diagnostics.scales.resolve_scales`), the bandwidth defaults to the median
 pairwise distance of the preconditioned draws, and the J locations are drawn from a Gaussian
 fitted to the preconditioned draws.
 
@@ -37,14 +41,8 @@ from jax import lax, random
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_sg.diagnostics.ksd import (
-    as_draws,
-    check_thin,
-    draws_and_scores,
-    is_run_like,
-    precondition,
-    resolve_scales,
-)
+from numpyro_sg.diagnostics.scales import precondition, resolve_scales
+from numpyro_sg.diagnostics.validation import as_draws, check_thin, draws_and_scores, reject_run
 
 __all__ = ["fssd", "fssd_statistic", "median_bandwidth", "gaussian_locations"]
 
@@ -62,6 +60,15 @@ def fssd_statistic(x, scores, locations, bandwidth):
     :param locations: test locations (J, d).
     :param bandwidth: σ > 0.
     :return: scalar JAX array FSSD².
+
+    **Example:** at the mean of exact N(0, I) draws the witness is close to 0.
+
+    >>> import numpy as np
+    >>> from numpyro_sg.diagnostics.fssd import fssd_statistic
+    >>> x = np.random.default_rng(0).normal(size=(2000, 2))
+    >>> v = np.zeros((1, 2))
+    >>> bool(fssd_statistic(x, -x, v, 1.0) < 1e-3 < fssd_statistic(x, -(x - 1.0), v, 1.0))
+    True
     """
     x, scores, v = (jnp.asarray(a) for a in (x, scores, locations))
     T, d = x.shape
@@ -77,7 +84,19 @@ def fssd_statistic(x, scores, locations, bandwidth):
 
 def median_bandwidth(x, max_points: int = 1000) -> float:
     """Median pairwise Euclidean distance of the draws (on at most ``max_points`` rows, evenly
-    spaced through the chain); 1.0 when all are equal."""
+    spaced through the chain); 1.0 when all are equal.
+
+    :param x: draws, array (T, d).
+    :param int max_points: at most this many rows are used.
+    :return: float σ > 0.
+
+    **Example:**
+
+    >>> import numpy as np
+    >>> from numpyro_sg.diagnostics.fssd import median_bandwidth
+    >>> median_bandwidth(np.array([[0.0], [1.0], [3.0]]))
+    2.0
+    """
     x = np.asarray(x, np.float64)
     if x.shape[0] > max_points:
         x = x[np.linspace(0, x.shape[0] - 1, max_points).astype(int)]
@@ -90,7 +109,22 @@ def median_bandwidth(x, max_points: int = 1000) -> float:
 
 def gaussian_locations(x, num_locations: int, rng_key) -> np.ndarray:
     """``num_locations`` points drawn from N(mean, cov) fitted to the draws x (T, d); a small
-    jitter (1e-6 × mean variance) keeps the covariance positive definite."""
+    jitter (1e-6 × mean variance) keeps the covariance positive definite.
+
+    :param x: draws, array (T, d).
+    :param int num_locations: J, the number of points.
+    :param rng_key: a ``jax.random.PRNGKey``.
+    :return: float64 array (J, d).
+
+    **Example:**
+
+    >>> import numpy as np
+    >>> from jax import random
+    >>> from numpyro_sg.diagnostics.fssd import gaussian_locations
+    >>> x = np.random.default_rng(0).normal(size=(500, 3))
+    >>> gaussian_locations(x, 10, random.PRNGKey(0)).shape
+    (10, 3)
+    """
     x = np.asarray(x, np.float64)
     d = x.shape[1]
     mean = x.mean(0)
@@ -151,20 +185,17 @@ def fssd(
     rng_key=None,
     preconditioner="sd",
     thin=None,
-    model=None,
-    model_args=(),
-    model_kwargs=None,
-    **kwargs,
 ):
-    """Squared finite set Stein discrepancy FSSD² of draws ``x`` from π.  Returns a float.
+    """Squared finite set Stein discrepancy FSSD² of draws ``x`` (an array) from π.  Returns a float.
 
     FSSD² = (1/(dJ))·Σ_i Σ_j g_i(v_j)², g_i(v) = E_θ[s_i(θ)·k(θ, v) + ∂_{θ_i}k(θ, v)], k the
     Gaussian kernel exp(−‖θ − v‖²/(2σ²)), E_θ the average over the (thinned, preconditioned)
     draws.  This is the *squared* statistic, as in paper 002 eq. (4) squared and Jitkrittum
     et al. (2017); take the square root for FSSD.
 
-    If ``x`` is an ArviZ ``InferenceData`` or an MCMC object the call is forwarded to
-    ``numpyro_sg.diagnostics.model_scores.fssd_of_run``.
+    This is the array form; :func:`numpyro_sg.fssd` takes arrays too (and forwards them here)
+    as well as an ArviZ ``InferenceData`` or an MCMC run.  The parameters below are shared with
+    :func:`numpyro_sg.fssd`.
 
     :param x: draws, array (T, d).
     :param score: function mapping one point (d,) to ∇ log π there; or give ``scores``.
@@ -183,22 +214,25 @@ def fssd(
     :param bool optimize_bandwidth: also ascend in log σ.
     :param rng_key: PRNG key for the locations (default ``PRNGKey(0)``).
     :param preconditioner: ``"sd"`` (default), ``"laplace"`` (needs ``score``), an array of
-        (d,) positive scales, or ``None``; see :func:`~numpyro_sg.diagnostics.ksd.resolve_scales`.
+        (d,) positive scales, or ``None``; see :func:`~numpyro_sg.diagnostics.scales.resolve_scales`.
     :param int thin: keep every ``thin``-th draw before scoring.
     :return: float FSSD².
-    """
-    if is_run_like(x):
-        from numpyro_sg.diagnostics.model_scores import fssd_of_run
+    :raises TypeError: for an ``InferenceData`` or MCMC run (use :func:`numpyro_sg.fssd`).
+    :raises ValueError: for invalid draws, scores or options.
 
-        return fssd_of_run(
-            x, model=model, model_args=model_args, model_kwargs=model_kwargs,
-            num_locations=num_locations, bandwidth=bandwidth, locations=locations,
-            optimize=optimize, num_opt_steps=num_opt_steps, learning_rate=learning_rate,
-            optimize_bandwidth=optimize_bandwidth, rng_key=rng_key,
-            preconditioner=preconditioner, thin=thin, **kwargs,
-        )
-    if kwargs:
-        raise TypeError(f"fssd() got unexpected keyword arguments {sorted(kwargs)} for array input.")
+    **Example:** exact draws from N(0, I) score lower against N(0, I) than against N(1, I);
+    FSSD-opt is at least the FSSD at its starting locations.
+
+    >>> import numpy as np
+    >>> from numpyro_sg.diagnostics.fssd import fssd
+    >>> x = np.random.default_rng(0).normal(size=(1000, 2))
+    >>> good, bad = fssd(x, lambda z: -z), fssd(x, lambda z: -(z - 1.0))
+    >>> bool(good < bad)
+    True
+    >>> bool(fssd(x, lambda z: -(z - 1.0), optimize=True, num_opt_steps=20) >= bad)
+    True
+    """
+    reject_run(x, "numpyro_sg.diagnostics.fssd.fssd", "numpyro_sg.fssd")
     thin = check_thin(thin)
     x, s = draws_and_scores(x, score, scores, thin)
     d = x.shape[1]

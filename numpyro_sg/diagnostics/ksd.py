@@ -1,30 +1,34 @@
-r"""Kernel Stein discrepancy (KSD) with the inverse multi-quadric (IMQ) kernel (SPEC §7).
+r"""Kernel Stein discrepancy (KSD) of draws with the inverse multi-quadric (IMQ) kernel (SPEC §7).
+
+This module works on **arrays only**: draws x (T, d) and either a score function or the
+precomputed scores.  For an ArviZ ``InferenceData`` or a NumPyro ``MCMC`` run use
+:func:`numpyro_sg.ksd`, which reads the model and forwards arrays here.
 
 Score s(θ) = ∇ log π(θ).  IMQ base kernel k(x, y) = (c² + ‖x − y‖²)^β (c = 1, β = −½ by
-default).  With r = x − y, u = c² + ‖r‖² and dimension d, the Stein kernel is
+default).  With r = x − y, u = c² + ‖r‖² and dimension d, the Stein kernel is::
 
     k_π(x, y) = s(x)·s(y)·u^β − 2β·u^(β−1)·s(x)·r + 2β·u^(β−1)·s(y)·r
                 − 2β·d·u^(β−1) − 4β(β−1)·u^(β−2)·‖r‖²
 
-and, for draws θ_1 … θ_T,
+and, for draws θ_1 … θ_T::
 
     KSD = √( (1/T²)·Σ_{t,t'} k_π(θ_t, θ_t') )                       (V-statistic, default)
     KSD_U² = (1/(T(T−1)))·Σ_{t≠t'} k_π(θ_t, θ_t')                   (U-statistic, option).
 
-Per-coordinate form (paper 000, supplement §4.4): k_π = Σ_j k_j with
+Per-coordinate form (paper 000, supplement §4.4): k_π = Σ_j k_j with::
 
     k_j(x, y) = s_j(x)s_j(y)·u^β − 2β·u^(β−1)·s_j(x)·r_j + 2β·u^(β−1)·s_j(y)·r_j
                 − 2β·u^(β−1) − 4β(β−1)·u^(β−2)·r_j²,
 
 V_j = (1/T²)·Σ_{t,t'} k_j(θ_t, θ_t') and per-coordinate KSD = Σ_j √V_j.
 
-**Preconditioning (scale-aware by default).**  The IMQ kernel with c = 1 on raw coordinates
-ignores the posterior's scale and can rank a variance-inflated sample above an accurate one.
-By default every coordinate is divided by a per-coordinate scale s_j before the kernel is
-applied: x → x/s, score → score·s (the score of the rescaled variable).  ``preconditioner=None``
-gives the papers' raw form (use it to reproduce their numbers and to compare with SGMCMCJax or
-stein_thinning).  When several runs are compared they must share one set of scales: compute
-them once with :func:`resolve_scales` (or :func:`laplace_scales`) and pass the array.
+**Preconditioning (scale-aware by default).**  By default every coordinate is divided by a
+per-coordinate scale s_j before the kernel is applied: x → x/s, score → score·s (see
+:mod:`numpyro_sg.diagnostics.scales`).  ``preconditioner=None`` gives the papers' raw form
+(use it to reproduce their numbers and to compare with SGMCMCJax or stein_thinning).  When
+several runs are compared they must share one set of scales: compute them once with
+:func:`numpyro_sg.diagnostics.scales.resolve_scales` (or :func:`numpyro_sg.laplace.laplace_scales`)
+and pass the array.
 
 **Computation.**  The double sum is computed block by block (a row block of B draws against
 all T draws, as matrix products), so memory is O(T·B) and a T×T matrix is never formed.  Work
@@ -36,31 +40,37 @@ per-block partial sums are accumulated in float64 on the host.
 from __future__ import annotations
 
 from functools import partial
-import warnings
 
 import jax
 from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from numpyro_sg.diagnostics.scales import precondition, resolve_scales
+from numpyro_sg.diagnostics.validation import (
+    as_draws,
+    check_kernel_args,
+    check_thin,
+    draws_and_scores,
+    reject_run,
+)
+
 __all__ = [
     "imq_stein_kernel",
     "imq_stein_kernel_per_coordinate",
+    "signed_sqrt",
+    "ksd_sums",
     "ksd",
     "ksd_per_coordinate",
+    "default_path_steps",
     "ksd_path",
-    "ksd_sums",
-    "resolve_scales",
-    "laplace_scales",
-    "laplace_approximation",
-    "signed_sqrt",
 ]
 
-PRECONDITIONERS = ("sd", "laplace", None)
-STATISTICS = ("v", "u")
 _HIGHEST = lax.Precision.HIGHEST
 # Target number of elements of one (row block × columns) matrix: 2**22 float32 = 16 MiB.
 _BLOCK_ELEMENTS = 2**22
+# what to call instead with an InferenceData or MCMC run
+_RUN_ENTRY = "numpyro_sg.ksd"
 
 
 # --------------------------------------------------------------------------------------------
@@ -76,6 +86,8 @@ def imq_stein_kernel(x, y, sx, sy, c=1.0, beta=-0.5):
         k_π = s(x)·s(y)·u^β − 2β·u^(β−1)·s(x)·r + 2β·u^(β−1)·s(y)·r
               − 2β·d·u^(β−1) − 4β(β−1)·u^(β−2)·‖r‖²
 
+    A plain (unblocked) reference for the blocked sums of :func:`ksd_sums`.
+
     :param x: point (d,).
     :param y: point (d,).
     :param sx: score ∇ log π(x), shape (d,).
@@ -83,6 +95,14 @@ def imq_stein_kernel(x, y, sx, sy, c=1.0, beta=-0.5):
     :param float c: IMQ offset c > 0.
     :param float beta: IMQ exponent β < 0.
     :return: scalar k_π(x, y).
+
+    **Example:** at x = y, k_π = ‖s(x)‖²·c^(2β) − 2β·d·c^(2(β−1)), here 1 + 4 + 2 = 7.
+
+    >>> import jax.numpy as jnp
+    >>> from numpyro_sg.diagnostics.ksd import imq_stein_kernel
+    >>> x, s = jnp.zeros(2), jnp.array([1.0, 2.0])
+    >>> float(imq_stein_kernel(x, x, s, s))
+    7.0
     """
     return jnp.sum(imq_stein_kernel_per_coordinate(x, y, sx, sy, c, beta), axis=-1)
 
@@ -95,9 +115,18 @@ def imq_stein_kernel_per_coordinate(x, y, sx, sy, c=1.0, beta=-0.5):
         k_j = s_j(x)s_j(y)·u^β − 2β·u^(β−1)·s_j(x)·r_j + 2β·u^(β−1)·s_j(y)·r_j
               − 2β·u^(β−1) − 4β(β−1)·u^(β−2)·r_j²
 
-    so that Σ_j k_j = :func:`imq_stein_kernel`.
+    so that Σ_j k_j = :func:`imq_stein_kernel`.  The parameters are those of
+    :func:`imq_stein_kernel`.
 
     :return: array (d,) of k_j(x, y).
+
+    **Example:**
+
+    >>> import jax.numpy as jnp
+    >>> from numpyro_sg.diagnostics.ksd import imq_stein_kernel_per_coordinate
+    >>> x, s = jnp.zeros(2), jnp.array([1.0, 2.0])
+    >>> imq_stein_kernel_per_coordinate(x, x, s, s).tolist()
+    [2.0, 5.0]
     """
     x, y, sx, sy = (jnp.asarray(a) for a in (x, y, sx, sy))
     r = x - y
@@ -113,286 +142,20 @@ def imq_stein_kernel_per_coordinate(x, y, sx, sy, c=1.0, beta=-0.5):
 
 
 def signed_sqrt(value):
-    """sign(v)·√|v|, elementwise: how a negative U-statistic is reported (see :func:`ksd`)."""
+    """sign(v)·√|v|, elementwise, in float64: how a negative U-statistic is reported (see
+    :func:`ksd`).
+
+    :param value: array-like of squared values.
+    :return: float64 numpy array of the same shape.
+
+    **Example:**
+
+    >>> from numpyro_sg.diagnostics.ksd import signed_sqrt
+    >>> signed_sqrt([4.0, -9.0]).tolist()
+    [2.0, -3.0]
+    """
     value = np.asarray(value, dtype=np.float64)
     return np.sign(value) * np.sqrt(np.abs(value))
-
-
-# --------------------------------------------------------------------------------------------
-# Validation helpers (shared with fssd.py)
-# --------------------------------------------------------------------------------------------
-
-
-def is_run_like(x) -> bool:
-    """True for an ArviZ ``InferenceData`` (``.posterior``) or an MCMC object (``.get_samples``)."""
-    return hasattr(x, "posterior") or hasattr(x, "get_samples")
-
-
-def _first_bad_row(a: np.ndarray):
-    bad = ~np.all(np.isfinite(a), axis=tuple(range(1, a.ndim)))
-    return int(np.argmax(bad)) if bad.any() else None
-
-
-def as_draws(x, name: str = "x") -> np.ndarray:
-    """``x`` as a float (T, d) numpy array with finite entries, else a ValueError saying why."""
-    try:
-        a = np.asarray(x)
-    except Exception as err:  # pragma: no cover - exotic inputs
-        raise TypeError(f"{name} must be an array of shape (T, d); got {type(x).__name__}.") from err
-    if a.dtype == object or not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
-        raise TypeError(f"{name} must be a numeric array of shape (T, d); got dtype {a.dtype}.")
-    if a.ndim != 2:
-        hint = " (for one coordinate use x.reshape(-1, 1))" if a.ndim == 1 else ""
-        raise ValueError(f"{name} must be 2-D with shape (T, d); got shape {a.shape}{hint}.")
-    if a.shape[0] < 1 or a.shape[1] < 1:
-        raise ValueError(f"{name} must have at least one row and one column; got shape {a.shape}.")
-    check_finite(a, name)
-    return a
-
-
-def check_finite(a: np.ndarray, name: str):
-    """Raise ValueError naming ``name`` and its first row with a non-finite entry."""
-    row = _first_bad_row(np.asarray(a))
-    if row is not None:
-        raise ValueError(
-            f"{name} has non-finite values (NaN or inf); first at row {row}: {np.asarray(a)[row]!r}."
-        )
-
-
-def check_thin(thin):
-    """``thin`` as a positive int (None → 1)."""
-    if thin is None:
-        return 1
-    if isinstance(thin, bool) or not isinstance(thin, (int, np.integer)) or thin < 1:
-        raise ValueError(f"thin must be a positive integer or None, got {thin!r}.")
-    return int(thin)
-
-
-def compute_scores(score, x, batch_size: int = 256) -> np.ndarray:
-    """Apply ``score`` (a function of one point (d,)) to every row of ``x``, vmapped in blocks of
-    ``batch_size`` rows and jitted; return a (T, d) numpy array (checked finite)."""
-    if not callable(score):
-        raise TypeError(f"score must be a callable mapping a point (d,) to ∇log π; got {type(score).__name__}.")
-    xj = jnp.asarray(x, dtype=jnp.result_type(float))
-    batch_size = int(max(1, min(batch_size, x.shape[0])))
-    # jitted afresh per call (no cache: a cache would keep score closures, often holding the
-    # full data set, alive); the compile is small next to the O(T²) KSD itself
-    s = np.asarray(jax.jit(lambda z: lax.map(score, z, batch_size=batch_size))(xj))
-    if s.shape != x.shape:
-        raise ValueError(
-            f"score must map a point of shape ({x.shape[1]},) to an array of the same shape; "
-            f"applied to x of shape {x.shape} it returned shape {s.shape}."
-        )
-    check_finite(s, "scores (score evaluated at the draws)")
-    return s
-
-
-def draws_and_scores(x, score=None, scores=None, thin=None, batch_size: int = 256):
-    """Validated, thinned (T, d) draws and their (T, d) scores (computed from ``score`` when
-    ``scores`` is not given).  Exactly one of ``score`` and ``scores`` must be given."""
-    thin = check_thin(thin)
-    x = as_draws(x, "x")
-    if (score is None) == (scores is None):
-        raise ValueError("give exactly one of score (a function of one point) and scores (a (T, d) array).")
-    if scores is not None:
-        s = np.asarray(scores)
-        if s.shape != x.shape:
-            raise ValueError(f"scores must have the same shape as x; got scores {s.shape} for x {x.shape}.")
-        check_finite(s, "scores")
-        return x[::thin], s[::thin]
-    x = x[::thin]
-    return x, compute_scores(score, x, batch_size)
-
-
-def check_kernel_args(c, beta, statistic="v"):
-    """Validate the IMQ parameters (c > 0, β < 0) and the statistic ("v" or "u")."""
-    if statistic not in STATISTICS:
-        raise ValueError(f"statistic must be 'v' (V-statistic) or 'u' (U-statistic), got {statistic!r}.")
-    if not (np.isfinite(c) and c > 0):
-        raise ValueError(f"c must be a positive finite number, got {c!r}.")
-    if not (np.isfinite(beta) and beta < 0):
-        raise ValueError(f"beta must be negative (the IMQ kernel needs β < 0; β ∈ (−1, 0) detects non-convergence), got {beta!r}.")
-
-
-# --------------------------------------------------------------------------------------------
-# Preconditioner
-# --------------------------------------------------------------------------------------------
-
-
-def sd_scales(x) -> np.ndarray:
-    """Per-coordinate sd of the draws (ddof = 0), float64.
-
-    A coordinate whose sd is zero (or not a positive finite number) gets the median of the
-    positive sds instead (1 if none is positive), with a warning: rescaling by 0 is undefined.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    sd = x.std(axis=0)
-    bad = ~(np.isfinite(sd) & (sd > 0))
-    if bad.any():
-        good = sd[~bad]
-        fill = float(np.median(good)) if good.size else 1.0
-        idx = np.flatnonzero(bad)
-        warnings.warn(
-            f"preconditioner='sd': coordinates {idx[:10].tolist()}{'…' if idx.size > 10 else ''} "
-            f"have zero sd across the draws; using scale {fill:.3g} for them.",
-            UserWarning,
-            stacklevel=3,
-        )
-        sd = np.where(bad, fill, sd)
-    return sd
-
-
-def laplace_scales(score, init, num_steps: int = 50, tol: float = 1e-4) -> np.ndarray:
-    r"""Laplace scales √diag((−H)⁻¹) at the mode of π: :func:`laplace_approximation`'s scales."""
-    return laplace_approximation(score, init, num_steps, tol)[1]
-
-
-def laplace_approximation(score, init, num_steps: int = 50, tol: float = 1e-4):
-    r"""Mode of π and Laplace scales √diag((−H)⁻¹) there, H = ∇² log π = ``jax.jacfwd(score)``.
-
-    The mode is found by damped Newton steps on the score started at ``init`` (e.g. the mean
-    of the draws): θ ← θ + α·(−H + λI)⁻¹·s(θ), λ = 0 while −H is positive definite (else just
-    enough to make it so), α halved (up to 10 times) until ‖s‖ does not increase (an error
-    if no α does).  Converged
-    when every Newton step component is below ``tol`` times that coordinate's Laplace sd.
-
-    :param score: function of one point (d,) returning ∇ log π there (JAX-differentiable).
-    :param init: start point, shape (d,).
-    :param int num_steps: maximal number of Newton steps.
-    :param float tol: convergence tolerance, in units of the Laplace sd.
-    :return: ``(mode, scales)``, float64 arrays (d,) (the scales positive).
-    :raises ValueError: if the iteration does not converge in ``num_steps`` steps, produces
-        non-finite values, or the Hessian at the mode is not negative definite.
-    """
-    theta = np.asarray(init, dtype=np.float64)
-    if theta.ndim != 1:
-        raise ValueError(f"init must be a point of shape (d,), got shape {theta.shape}.")
-    dtype = jnp.result_type(float)
-    score_j = jax.jit(score)
-    hess_j = jax.jit(jax.jacfwd(score))
-
-    def grad_hess(t):
-        tj = jnp.asarray(t, dtype=dtype)
-        g = np.asarray(score_j(tj), dtype=np.float64)
-        h = np.asarray(hess_j(tj), dtype=np.float64)
-        if g.shape != theta.shape or h.shape != theta.shape * 2:
-            raise ValueError(
-                f"score must map a point of shape {theta.shape} to the same shape; got {g.shape}."
-            )
-        return g, 0.5 * (h + h.T)
-
-    g, h = grad_hess(theta)
-    for _ in range(num_steps):
-        if not (np.all(np.isfinite(g)) and np.all(np.isfinite(h))):
-            raise ValueError(f"laplace_scales: non-finite score or Hessian at θ = {theta!r}.")
-        neg_h = -h
-        eig = np.linalg.eigvalsh(neg_h)
-        concave = eig[0] > 0
-        if concave:
-            step = np.linalg.solve(neg_h, g)
-            sd = np.sqrt(np.diag(np.linalg.inv(neg_h)))
-            if np.all(np.abs(step) <= tol * sd):
-                theta = theta + step
-                g, h = grad_hess(theta)
-                break
-        else:  # Levenberg–Marquardt damping: just enough to make −H + λI positive definite
-            lam = -eig[0] + 1e-3 * max(abs(eig[-1]), 1.0)
-            step = np.linalg.solve(neg_h + lam * np.eye(theta.size), g)
-        norm0 = np.linalg.norm(g)
-        alpha, accepted = 1.0, False
-        for _ in range(11):
-            g_new, h_new = grad_hess(theta + alpha * step)
-            if np.all(np.isfinite(g_new)) and np.linalg.norm(g_new) <= norm0 * (1 + 1e-6):
-                accepted = True
-                break
-            alpha *= 0.5
-        if not accepted:
-            why = (
-                "; the Hessian there is not negative definite (log π has no mode near the start)"
-                if not concave
-                else ""
-            )
-            raise ValueError(
-                f"laplace_scales: no damped Newton step reduced ‖score‖ = {norm0:.3g} at "
-                f"θ = {theta!r}{why}. Pass scales explicitly or use preconditioner='sd'."
-            )
-        theta = theta + alpha * step
-        g, h = g_new, h_new
-    else:
-        raise ValueError(
-            f"laplace_scales: damped Newton did not converge in {num_steps} steps "
-            f"(last ‖score‖ = {np.linalg.norm(g):.3g}); pass scales explicitly or use "
-            "preconditioner='sd'."
-        )
-    neg_h = -h
-    try:
-        chol = np.linalg.cholesky(neg_h)
-    except np.linalg.LinAlgError:
-        chol = None
-    if chol is None or not np.all(np.isfinite(neg_h)):
-        raise ValueError(
-            "laplace_scales: the Hessian of log π at the mode is not negative definite "
-            f"(eigenvalues of −H: {np.linalg.eigvalsh(neg_h)[:5]!r}…); the Laplace scales are "
-            "undefined. Use preconditioner='sd' or pass scales."
-        )
-    inv_chol = np.linalg.inv(chol)
-    scales = np.sqrt(np.sum(inv_chol**2, axis=0))  # diag((L Lᵀ)⁻¹) = column sums of (L⁻¹)²
-    if not np.all(np.isfinite(scales) & (scales > 0)):
-        raise ValueError(f"laplace_scales: non-positive or non-finite scales {scales!r}.")
-    return theta, scales
-
-
-def resolve_scales(preconditioner, x, score=None):
-    """Per-coordinate scales s (float64 (d,)) for ``preconditioner``, or None for the raw form.
-
-    * ``"sd"``: the sd of the draws ``x`` (see :func:`sd_scales` for zero sds);
-    * ``"laplace"``: :func:`laplace_scales` of ``score`` started at the mean of ``x``;
-    * an array of shape (d,) (or a scalar), positive and finite: used as given;
-    * ``None``: no preconditioning.
-
-    The KSD/FSSD then act on x/s with scores score·s.
-    """
-    x = np.asarray(x)
-    d = x.shape[-1]
-    if preconditioner is None:
-        return None
-    if isinstance(preconditioner, str):
-        if preconditioner == "sd":
-            return sd_scales(x)
-        if preconditioner == "laplace":
-            if score is None or not callable(score):
-                raise ValueError(
-                    "preconditioner='laplace' needs the score function (score=...), not only "
-                    "precomputed scores; or compute scales with laplace_scales() and pass them."
-                )
-            return laplace_scales(score, np.asarray(x, np.float64).mean(axis=0))
-        raise ValueError(
-            f"preconditioner must be 'sd', 'laplace', None or an array of {d} positive scales; "
-            f"got {preconditioner!r}."
-        )
-    try:
-        s = np.asarray(preconditioner, dtype=np.float64)
-    except (TypeError, ValueError) as err:
-        raise ValueError(
-            f"preconditioner must be 'sd', 'laplace', None or an array of {d} positive scales; "
-            f"got {preconditioner!r}."
-        ) from err
-    if s.ndim == 0:
-        s = np.full(d, float(s))
-    if s.shape != (d,):
-        raise ValueError(f"preconditioner scales must have shape ({d},) (one per coordinate); got shape {s.shape}.")
-    if not np.all(np.isfinite(s) & (s > 0)):
-        raise ValueError(f"preconditioner scales must be positive and finite; got {s!r}.")
-    return s
-
-
-def precondition(x, s, scales):
-    """(x/scales, s·scales) in float64; unchanged when ``scales`` is None."""
-    x = np.asarray(x, dtype=np.float64)
-    s = np.asarray(s, dtype=np.float64)
-    if scales is None:
-        return x, s
-    return x / scales, s * scales
 
 
 # --------------------------------------------------------------------------------------------
@@ -500,6 +263,24 @@ def ksd_sums(x, s, *, c=1.0, beta=-0.5, per_coordinate=False, exclude_diagonal=F
 
     No preconditioning or validation here (see :func:`ksd`); ``exclude_diagonal`` drops t = t'
     (the U-statistic numerator).  Blocked over rows: memory O(T·block_size).
+
+    :param x: draws, array (T, d).
+    :param s: scores ∇ log π at the draws, array (T, d).
+    :param float c: IMQ offset c > 0.
+    :param float beta: IMQ exponent β < 0.
+    :param bool per_coordinate: return the (d,) sums of each k_j instead of the sum of k_π.
+    :param bool exclude_diagonal: leave out the pairs t = t'.
+    :param int block_size: rows per block (default: about 2²² pair entries per block, at most
+        256 rows).
+    :return: float, or float64 array (d,) when ``per_coordinate``.
+
+    **Example:** one draw, so the sum is k_π(x, x) of :func:`imq_stein_kernel`.
+
+    >>> import numpy as np
+    >>> from numpyro_sg.diagnostics.ksd import ksd_sums
+    >>> x, s = np.zeros((1, 2)), np.array([[1.0, 2.0]])
+    >>> ksd_sums(x, s), ksd_sums(x, s, per_coordinate=True).tolist()
+    (7.0, [2.0, 5.0])
     """
     T, d = x.shape
     B = _check_block(block_size) or _default_block(T, T)
@@ -543,50 +324,10 @@ def _squared_terms(x, score, scores, *, c, beta, preconditioner, per_coordinate,
     return _normalise(total, x.shape[0], statistic)
 
 
-def _reject_run(x, name):
-    if is_run_like(x):
-        raise TypeError(
-            f"{name} takes arrays (draws x of shape (T, d) and a score); for an InferenceData "
-            "or MCMC object use numpyro_sg.ksd (which reads the model) or "
-            "numpyro_sg.diagnostics.model_scores."
-        )
 
-
-_KSD_DOC_PARAMS = """
-    :param x: draws, array (T, d).
-    :param score: function mapping one point (d,) to ∇ log π there; applied to the draws in
-        jitted, vmapped blocks.  Give this or ``scores``.
-    :param scores: precomputed scores ∇ log π(x_t), array (T, d).
-    :param float c: IMQ offset c > 0 (default 1).
-    :param float beta: IMQ exponent β < 0 (default −½).
-    :param preconditioner: ``"sd"`` (default: per-coordinate sd of the draws scored),
-        ``"laplace"`` (needs ``score``), an array of (d,) positive scales, or ``None`` (the
-        papers' raw form); see :func:`resolve_scales`.
-    :param str statistic: ``"v"`` (V-statistic, default) or ``"u"`` (U-statistic).
-    :param int thin: keep every ``thin``-th draw before scoring.
-    :param int block_size: rows per block (default: about 2²² pair entries per block, at most
-        256 rows).
-"""
-
-
-def ksd(
-    x,
-    score=None,
-    *,
-    scores=None,
-    c=1.0,
-    beta=-0.5,
-    preconditioner="sd",
-    per_coordinate=False,
-    statistic="v",
-    thin=None,
-    block_size=None,
-    model=None,
-    model_args=(),
-    model_kwargs=None,
-    **kwargs,
-):
-    """Kernel Stein discrepancy of draws ``x`` from π, IMQ kernel (SPEC §7).  Returns a float.
+def ksd(x, score=None, *, scores=None, c=1.0, beta=-0.5, preconditioner="sd", per_coordinate=False,
+        statistic="v", thin=None, block_size=None):
+    """Kernel Stein discrepancy of draws ``x`` (an array) from π, IMQ kernel (SPEC §7).
 
     KSD = √((1/T²)·Σ_{t,t'} k_π(θ_t, θ_t')) (V-statistic), with k_π the IMQ Stein kernel
     (:func:`imq_stein_kernel`) applied after preconditioning x → x/s, score → score·s.
@@ -597,22 +338,39 @@ def ksd(
     (so it can be negative, and orders samples as KSD_U² does); per coordinate each term is a
     signed root.  T = 1 gives NaN for the U-statistic.
 
-    If ``x`` is an ArviZ ``InferenceData`` or an MCMC object, the scores come from the model:
-    the call is forwarded to ``numpyro_sg.diagnostics.model_scores.ksd_of_run`` with ``model``,
-    ``model_args``, ``model_kwargs`` and ``kwargs``.
-    """ + _KSD_DOC_PARAMS + """    :param bool per_coordinate: return Σ_j √V_j instead of √(Σ_j V_j).
-    :return: float.
-    """
-    if is_run_like(x):
-        from numpyro_sg.diagnostics.model_scores import ksd_of_run
+    This is the array form; :func:`numpyro_sg.ksd` takes arrays too (and forwards them here)
+    as well as an ArviZ ``InferenceData`` or an MCMC run.  The parameters below are shared by
+    :func:`ksd_per_coordinate`, :func:`ksd_path` and :func:`numpyro_sg.ksd`.
 
-        return ksd_of_run(
-            x, model=model, model_args=model_args, model_kwargs=model_kwargs, c=c, beta=beta,
-            preconditioner=preconditioner, per_coordinate=per_coordinate, statistic=statistic,
-            thin=thin, block_size=block_size, **kwargs,
-        )
-    if kwargs:
-        raise TypeError(f"ksd() got unexpected keyword arguments {sorted(kwargs)} for array input.")
+    :param x: draws, array (T, d).
+    :param score: function mapping one point (d,) to ∇ log π there; applied to the draws in
+        jitted, vmapped blocks.  Give this or ``scores``.
+    :param scores: precomputed scores ∇ log π(x_t), array (T, d).
+    :param float c: IMQ offset c > 0 (default 1).
+    :param float beta: IMQ exponent β < 0 (default −½).
+    :param preconditioner: ``"sd"`` (default: per-coordinate sd of the draws scored),
+        ``"laplace"`` (needs ``score``), an array of (d,) positive scales, or ``None`` (the
+        papers' raw form); see :func:`numpyro_sg.diagnostics.scales.resolve_scales`.
+    :param bool per_coordinate: return Σ_j √V_j instead of √(Σ_j V_j).
+    :param str statistic: ``"v"`` (V-statistic, default) or ``"u"`` (U-statistic).
+    :param int thin: keep every ``thin``-th draw before scoring.
+    :param int block_size: rows per block (default: about 2²² pair entries per block, at most
+        256 rows).
+    :return: float.
+    :raises TypeError: for an ``InferenceData`` or MCMC run (use :func:`numpyro_sg.ksd`).
+    :raises ValueError: for invalid draws, scores or options.
+
+    **Example:** exact draws from N(0, I) score lower against N(0, I) than against N(1, I).
+
+    >>> import numpy as np
+    >>> from numpyro_sg.diagnostics.ksd import ksd
+    >>> x = np.random.default_rng(0).normal(size=(1000, 2))
+    >>> good = ksd(x, lambda z: -z)
+    >>> bad = ksd(x, lambda z: -(z - 1.0))
+    >>> bool(good < bad)
+    True
+    """
+    reject_run(x, "numpyro_sg.diagnostics.ksd.ksd", _RUN_ENTRY)
     sq = _squared_terms(
         x, score, scores, c=c, beta=beta, preconditioner=preconditioner,
         per_coordinate=per_coordinate, statistic=statistic, thin=thin, block_size=block_size,
@@ -620,18 +378,8 @@ def ksd(
     return float(np.sum(signed_sqrt(sq))) if per_coordinate else float(signed_sqrt(sq))
 
 
-def ksd_per_coordinate(
-    x,
-    score=None,
-    *,
-    scores=None,
-    c=1.0,
-    beta=-0.5,
-    preconditioner="sd",
-    statistic="v",
-    thin=None,
-    block_size=None,
-):
+def ksd_per_coordinate(x, score=None, *, scores=None, c=1.0, beta=-0.5, preconditioner="sd",
+                       statistic="v", thin=None, block_size=None):
     """The per-coordinate terms √V_j of paper 000's KSD, an array (d,) whose sum is
     ``ksd(..., per_coordinate=True)``.
 
@@ -639,9 +387,24 @@ def ksd_per_coordinate(
     after preconditioning.  With ``statistic="u"`` each term is the signed root of the
     U-statistic (see :func:`ksd`).  Note the coordinates interact through u = c² + ‖r‖², so
     a term is not the KSD of that coordinate's marginal.
-    """ + _KSD_DOC_PARAMS + """    :return: numpy array (d,).
+
+    The parameters (``x``, ``score``, ``scores``, ``c``, ``beta``, ``preconditioner``,
+    ``statistic``, ``thin``, ``block_size``) are those of :func:`ksd`.
+
+    :return: float64 numpy array (d,).
+
+    **Example:** the second coordinate of these draws is off by one sd.
+
+    >>> import numpy as np
+    >>> from numpyro_sg.diagnostics.ksd import ksd, ksd_per_coordinate
+    >>> x = np.random.default_rng(0).normal(size=(1000, 2))
+    >>> terms = ksd_per_coordinate(x, lambda z: -(z - np.array([0.0, 1.0])))
+    >>> bool(terms[1] > terms[0])
+    True
+    >>> bool(np.isclose(terms.sum(), ksd(x, lambda z: -(z - np.array([0.0, 1.0])), per_coordinate=True)))
+    True
     """
-    _reject_run(x, "ksd_per_coordinate")
+    reject_run(x, "ksd_per_coordinate", _RUN_ENTRY)
     sq = _squared_terms(
         x, score, scores, c=c, beta=beta, preconditioner=preconditioner, per_coordinate=True,
         statistic=statistic, thin=thin, block_size=block_size,
@@ -655,7 +418,19 @@ def ksd_per_coordinate(
 
 
 def default_path_steps(T: int, num_steps: int = 20) -> np.ndarray:
-    """About ``num_steps`` evenly spaced draw counts T/num_steps, 2T/num_steps, …, T."""
+    """About ``num_steps`` evenly spaced draw counts T/num_steps, 2T/num_steps, …, T.
+
+    :param int T: number of draws.
+    :param int num_steps: number of counts wanted (fewer when T < num_steps: duplicates are
+        dropped).
+    :return: sorted, unique int64 array of counts in [1, T], ending with T.
+
+    **Example:**
+
+    >>> from numpyro_sg.diagnostics.ksd import default_path_steps
+    >>> default_path_steps(100, 4).tolist()
+    [25, 50, 75, 100]
+    """
     if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
         raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}.")
     steps = np.round(np.linspace(T / num_steps, T, num_steps)).astype(np.int64)
@@ -676,21 +451,8 @@ def _segments(boundaries, T, B):
     return np.asarray(ends)
 
 
-def ksd_path(
-    x,
-    score=None,
-    *,
-    scores=None,
-    steps=None,
-    num_steps=20,
-    c=1.0,
-    beta=-0.5,
-    preconditioner="sd",
-    per_coordinate=False,
-    statistic="v",
-    thin=None,
-    block_size=None,
-):
+def ksd_path(x, score=None, *, scores=None, steps=None, num_steps=20, c=1.0, beta=-0.5,
+             preconditioner="sd", per_coordinate=False, statistic="v", thin=None, block_size=None):
     """KSD of the first k draws, for several k, in one blocked pass (a KSD-versus-time path).
 
     The draws are cut into segments at the requested steps (and into pieces of at most
@@ -703,15 +465,29 @@ def ksd_path(
     scale; ``"laplace"`` and arrays are likewise fixed.  The value at k = T therefore equals
     ``ksd`` of all draws.
 
+    The other parameters (``x``, ``score``, ``scores``, ``c``, ``beta``, ``preconditioner``,
+    ``per_coordinate``, ``statistic``, ``thin``, ``block_size``) are those of :func:`ksd`,
+    applied at each step.
+
     :param steps: draw counts k (1 ≤ k ≤ T, counted in ``x`` before thinning; the value at k
         uses the thinned draws among the first k).  Default: ``num_steps`` evenly spaced
         counts up to T (:func:`default_path_steps`).
     :param int num_steps: number of default steps.
-    """ + _KSD_DOC_PARAMS + """    :param bool per_coordinate: paper 000's form Σ_j √V_j at each step.
     :return: (steps, ksd): int64 array of the steps and float64 array of the KSD values
         (NaN for the U-statistic where fewer than 2 draws are used).
+
+    **Example:**
+
+    >>> import numpy as np
+    >>> from numpyro_sg.diagnostics.ksd import ksd, ksd_path
+    >>> x = np.random.default_rng(0).normal(size=(1000, 2))
+    >>> steps, values = ksd_path(x, scores=-x, num_steps=4)
+    >>> steps.tolist()
+    [250, 500, 750, 1000]
+    >>> bool(np.isclose(values[-1], ksd(x, scores=-x)))
+    True
     """
-    _reject_run(x, "ksd_path")
+    reject_run(x, "ksd_path", _RUN_ENTRY)
     check_kernel_args(c, beta, statistic)
     block_size = _check_block(block_size)
     thin_ = check_thin(thin)

@@ -1,10 +1,16 @@
-"""KSD versus iteration and versus time, for one run or several on a common scale."""
+"""KSD versus iteration and versus time, for one run or several on a common scale.
+
+The top of the diagnostics: reads the ``stein`` group of runs
+(:mod:`numpyro_sg.diagnostics.model_scores`) and computes KSD paths with the array-only
+:func:`numpyro_sg.diagnostics.ksd.ksd_path`.  matplotlib is imported only when plotting.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
+from numpyro_sg.diagnostics.ksd import ksd_path
 from numpyro_sg.diagnostics.model_scores import STEIN_GROUP, stein_arrays
 
 __all__ = ["ksd_path_of_run", "plot_ksd_path"]
@@ -20,8 +26,8 @@ def _stein(idata):
 
 
 def _pooled_sd(runs) -> np.ndarray:
-    xs = [stein_arrays(_stein(r))[0] for r in runs]
-    return np.concatenate([x.reshape(-1, x.shape[-1]) for x in xs]).std(axis=0, ddof=1)
+    xs = [stein_arrays(_stein(r), pooled=True)[0] for r in runs]
+    return np.concatenate(xs).std(axis=0, ddof=1)
 
 
 def ksd_path_of_run(idata, *, scales=None, num_steps: int = 20, **options) -> pd.DataFrame:
@@ -37,9 +43,22 @@ def ksd_path_of_run(idata, *, scales=None, num_steps: int = 20, **options) -> pd
         ``seconds`` (``draw`` × sampling time per draw, when
         ``posterior.attrs["sampling_time"]`` is known; warmup included in the time per draw)
         and ``ksd``.
-    """
-    from numpyro_sg.diagnostics.ksd import ksd_path
 
+    **Example:** a run converted with a stored ``stein`` group (here made by hand).
+
+    >>> import arviz as az
+    >>> import numpy as np
+    >>> import xarray as xr
+    >>> from numpyro_sg.diagnostics.plots import ksd_path_of_run
+    >>> x = np.random.default_rng(0).normal(size=(2, 100, 3))  # 2 chains, N(0, I) draws
+    >>> dims = ("chain", "draw", "coordinate")
+    >>> idata = az.from_dict(posterior={"theta": x})
+    >>> idata.add_groups(stein=xr.Dataset({"unconstrained": (dims, x), "score": (dims, -x)},
+    ...                                   coords={"draw": np.arange(100)}))
+    >>> path = ksd_path_of_run(idata, num_steps=5)
+    >>> list(path.columns), int(path["draw"].iloc[-1])
+    (['draw', 'seconds', 'ksd'], 99)
+    """
     stein = _stein(idata)
     x, s = stein_arrays(stein)
     C, K, d = x.shape
@@ -69,8 +88,32 @@ def plot_ksd_path(runs, *, x: str = "draw", reference=None, scales=None, num_ste
         ``{label: InferenceData}``.
     :param str x: ``"draw"`` or ``"time"`` (needs ``posterior.attrs["sampling_time"]``, which
         ``to_inference_data(..., sampling_time=…)`` records).
+    :param reference: an ``InferenceData`` whose unconstrained sd gives the common scales.
+    :param scales: per-coordinate scales (d,) used for every run (overrides ``reference``).
+    :param int num_steps: number of points on each path.
     :param ax: a matplotlib axes (default: a new figure).
+    :param options: options of :func:`numpyro_sg.diagnostics.ksd.ksd_path` (``c``, ``beta``,
+        ``statistic``, …).
     :return: the matplotlib axes.
+
+    **Example:**
+
+    >>> import arviz as az
+    >>> import matplotlib
+    >>> import numpy as np
+    >>> import xarray as xr
+    >>> import numpyro_sg as nsg
+    >>> matplotlib.use("Agg")
+    >>> def run(scale):  # an InferenceData with a stored ``stein`` group, made by hand
+    ...     x = scale * np.random.default_rng(0).normal(size=(1, 100, 2))
+    ...     dims = ("chain", "draw", "coordinate")
+    ...     idata = az.from_dict(posterior={"theta": x})
+    ...     idata.add_groups(stein=xr.Dataset({"unconstrained": (dims, x), "score": (dims, -x)},
+    ...                                       coords={"draw": np.arange(100)}))
+    ...     return idata
+    >>> ax = nsg.plot_ksd_path({"exact": run(1.0), "too wide": run(2.0)}, num_steps=5)
+    >>> ax.get_ylabel()
+    'KSD (common scale)'
     """
     import matplotlib.pyplot as plt
 

@@ -1,0 +1,192 @@
+"""The package's architecture, read from its source with ``ast``: layered imports (no cycle, no
+import hidden in a function), no private names shared across modules, and a docstring on every
+public function and class."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from pathlib import Path
+
+PACKAGE = "numpyro_sg"
+ROOT = Path(__file__).resolve().parents[1] / PACKAGE
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _sources() -> dict[str, tuple[Path, ast.Module]]:
+    """``{module name: (path, parsed source)}`` of every module of the package."""
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        out[_module_name(path)] = (path, ast.parse(path.read_text(encoding="utf-8"), str(path)))
+    return out
+
+
+SOURCES = _sources()
+MODULES = set(SOURCES)
+
+
+def _is_package(module: str) -> bool:
+    return SOURCES[module][0].name == "__init__.py"
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _imported_from(module: str, node: ast.ImportFrom) -> str | None:
+    """The absolute module a ``from … import …`` in ``module`` reads from (None if outside)."""
+    if node.level == 0:
+        base = node.module or ""
+    else:
+        package = module if _is_package(module) else module.rpartition(".")[0]
+        parts = package.split(".")
+        if node.level > 1:
+            parts = parts[: len(parts) - (node.level - 1)]
+        base = ".".join(parts + ([node.module] if node.module else []))
+    return base if base == PACKAGE or base.startswith(PACKAGE + ".") else None
+
+
+def _imports(module: str, node: ast.AST) -> list[tuple[str, str | None]]:
+    """``(target module, imported name or None)`` for each package module ``node`` imports.
+
+    ``import numpyro_sg.x`` and ``from numpyro_sg import x`` (x a submodule) target
+    ``numpyro_sg.x``; ``from numpyro_sg.x import y`` targets ``numpyro_sg.x`` (or the submodule
+    ``numpyro_sg.x.y``); ``import numpyro_sg`` targets the package ``__init__``.  Parent
+    packages run on the way are not counted.
+    """
+    out = []
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            if alias.name == PACKAGE or alias.name.startswith(PACKAGE + "."):
+                out.append((alias.name, None))
+    elif isinstance(node, ast.ImportFrom):
+        base = _imported_from(module, node)
+        if base is not None:
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                out.append((sub, None) if sub in MODULES else (base, alias.name))
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module-level import edges between the package's modules."""
+    graph = {m: set() for m in MODULES}
+    for module, (_, tree) in SOURCES.items():
+        for stmt in tree.body:
+            for target, _name in _imports(module, stmt):
+                if target != module:
+                    graph[module].add(target)
+    return graph
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle ``[a, b, …, a]`` of ``graph``, or None (iterative depth-first search)."""
+    state = {m: 0 for m in graph}  # 0 new, 1 on the current path, 2 done
+    for root in sorted(graph):
+        if state[root]:
+            continue
+        path, stack = [root], [iter(sorted(graph[root]))]
+        state[root] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(nxt, 2) == 1:
+                return path[path.index(nxt):] + [nxt]
+            elif state.get(nxt, 2) == 0:
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(sorted(graph[nxt])))
+    return None
+
+
+def _nested_imports(tree: ast.Module):
+    """Import statements that are not directly in the module body (in a def, class, if, try…)."""
+    top = set(map(id, tree.body))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top:
+            yield node
+
+
+def _module_aliases(module: str, tree: ast.Module) -> dict[str, str]:
+    """Local names bound to package modules (``import numpyro_sg.x as m``, ``from numpyro_sg
+    import x``), mapped to the module."""
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == PACKAGE or alias.name.startswith(PACKAGE + "."):
+                    if alias.asname:
+                        aliases[alias.asname] = alias.name
+                    else:
+                        aliases[alias.name.split(".")[0]] = PACKAGE
+        elif isinstance(node, ast.ImportFrom):
+            for target, name in _imports(module, node):
+                if name is None:
+                    local = next(a.asname or a.name for a in node.names if target.endswith("." + a.name))
+                    aliases[local] = target
+    return aliases
+
+
+def test_no_import_cycle_between_package_modules():
+    graph = _graph()
+    cycle = _find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_function_level_import_of_package_modules():
+    found = []
+    for module, (path, tree) in sorted(SOURCES.items()):
+        for node in _nested_imports(tree):
+            if _imports(module, node):
+                found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "imports of numpyro_sg modules below module level:\n" + "\n".join(found)
+
+
+def test_no_private_name_imported_from_another_module():
+    found = []
+    for module, (path, tree) in sorted(SOURCES.items()):
+        where = path.relative_to(ROOT.parent)
+        for node in ast.walk(tree):
+            for target, name in _imports(module, node) if isinstance(node, ast.ImportFrom) else ():
+                if name is not None and _is_private(name) and target != module:
+                    found.append(f"{where}:{node.lineno}: {name} from {target}")
+        aliases = _module_aliases(module, tree)
+        for node in ast.walk(tree):
+            # m._private, numpyro_sg.x._private through an imported module
+            if isinstance(node, ast.Attribute) and _is_private(node.attr):
+                chain, value = [node.attr], node.value
+                while isinstance(value, ast.Attribute):
+                    chain.append(value.attr)
+                    value = value.value
+                if isinstance(value, ast.Name) and value.id in aliases:
+                    found.append(f"{where}:{node.lineno}: {value.id}.{'.'.join(reversed(chain))}")
+    assert not found, "private names used across numpyro_sg modules:\n" + "\n".join(found)
+
+
+def _own_doc(obj) -> str | None:
+    """The object's own docstring (a class does not inherit one from its bases here)."""
+    if inspect.isclass(obj):
+        doc = vars(obj).get("__doc__")
+        return inspect.cleandoc(doc) if isinstance(doc, str) else None
+    return inspect.getdoc(obj)
+
+
+def test_every_public_function_and_class_has_a_docstring():
+    missing = []
+    for module in sorted(MODULES):
+        mod = importlib.import_module(module)
+        for name in getattr(mod, "__all__", ()):
+            if not hasattr(mod, name):
+                missing.append(f"{module}.{name} (in __all__ but not defined)")
+                continue
+            obj = getattr(mod, name)
+            if (inspect.isclass(obj) or callable(obj)) and not (_own_doc(obj) or "").strip():
+                missing.append(f"{module}.{name}")
+    assert not missing, "public functions/classes without a docstring:\n" + "\n".join(missing)
