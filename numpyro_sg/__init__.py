@@ -2,13 +2,15 @@
 
 from numpyro_sg.kernels import ESGLD, SGBD, SGLD, DivergenceWarning, SparseAsync, polynomial_schedule
 from numpyro_sg.arviz import summary, to_inference_data
+from numpyro_sg.diagnostics.convergence import ConvergenceWarning, check_convergence
 from numpyro_sg.diagnostics.ksd import ksd_path, ksd_per_coordinate
 from numpyro_sg.diagnostics.plots import plot_ksd_path
 from numpyro_sg.diagnostics.stein import fssd, ksd
 from numpyro_sg.minibatch import find_subsample_plates
 from numpyro_sg.reference import compare, nuts_reference, plot_compare
 from numpyro_sg.tuning import grid_search, heuristic_step_size, mamba
-from numpyro_sg.version import __version__
+from numpyro_sg.version import __version__  # noqa: F401
+from numpyro_sg.warmup import ModeFit, WarmupOptions
 
 __all__ = [
     "SGLD",
@@ -16,6 +18,10 @@ __all__ = [
     "ESGLD",
     "SparseAsync",
     "DivergenceWarning",
+    "ConvergenceWarning",
+    "check_convergence",
+    "WarmupOptions",
+    "ModeFit",
     "polynomial_schedule",
     "find_subsample_plates",
     "to_inference_data",

@@ -6,18 +6,19 @@ import argparse
 import sys
 import time
 
+import jax
+import numpy as np
+from numpyro.infer import MCMC
+
+import numpyro_sg as nsg
+from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
+
 
 def demo(num_data=100_000, dim=10, subsample_size=5000, num_warmup=1500, num_samples=2000,
          num_chains=2, seed=0, progress_bar=True, out=print, nuts=True, nuts_samples=1000,
          cache_dir=None):
     """Simulate a logistic regression, run SGBD and SGLD on it, print an ArviZ summary of each
     with its KSD; then run NUTS on the full data and compare both runs with it."""
-    import jax
-    import numpy as np
-    from numpyro.infer import MCMC
-
-    import numpyro_sg as nsg
-    from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
 
     X, y, theta_true = simulate_logistic_regression(num_data, dim, seed)
     out(f"Logistic regression: N = {num_data:,}, d = {dim}, mini-batch n = {subsample_size} "

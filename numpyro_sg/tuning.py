@@ -43,6 +43,7 @@ h = 1/N rule of thumb (Brosse et al. 2018).
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 import time
@@ -626,6 +627,15 @@ _DOC_ARGS = """
 """
 
 
+def _shared_parameters(fn):
+    """Append the parameters :func:`mamba` and :func:`grid_search` share to ``fn``'s docstring."""
+    own = inspect.cleandoc(fn.__doc__)
+    head, _, tail = own.partition("**Example:**")
+    fn.__doc__ = head.rstrip() + "\n\n" + inspect.cleandoc(_DOC_ARGS) + "\n\n**Example:**" + tail
+    return fn
+
+
+@_shared_parameters
 def mamba(
     make_kernel: Callable,
     grid: dict,
@@ -648,9 +658,20 @@ def mamba(
     Paper 002, Algorithm 1: for i = 0 … ⌊log_η M⌋ − 1 every surviving arm runs
     r_i = T/(|S_i|·⌊log_η M⌋) more seconds of chain time continuing its chain, is scored on
     its thinned draws with full-data scores and one common scale, and the ⌊|S_i|/η⌋ best
-    survive (see the module docstring for vectorised arms and the overheads).  Step sizes follow each kernel's own
-    convention (SGLD: θ' = θ + (ε/2)·ĝ + N(0, ε); paper 002's h is ε).
-    """ + _DOC_ARGS + """    :param int eta: pruning rate η ≥ 2 (default 3).
+    survive (see the module docstring for vectorised arms and the overheads).  Step sizes
+    follow each kernel's own convention (SGLD: θ' = θ + (ε/2)·M·ĝ + N(0, ε·M), M its
+    preconditioner; paper 002's h is ε with M = I).
+
+    :param int eta: pruning rate η ≥ 2 (default 3).
+
+    **Example:**
+
+    .. code-block:: python
+
+        res = nsg.mamba(functools.partial(nsg.SGLD, model, preconditioner=None, gradient="plain"),
+                        {"step_size": [1e-4, 1e-5, 1e-6], "subsample_size": [10_000, 1_000]},
+                        (X, y), time_budget=60, rng_key=jax.random.PRNGKey(0))
+        res.best_params, res.rounds, res.idata
     """
     return _tune(make_kernel, grid, model_args=model_args, model_kwargs=model_kwargs,
                  time_budget=time_budget, eta=eta, metric=metric, thin=thin, rng_key=rng_key,
@@ -658,6 +679,7 @@ def mamba(
                  init_params=init_params, vectorize=vectorize, halving=True)
 
 
+@_shared_parameters
 def grid_search(
     make_kernel: Callable,
     grid: dict,
@@ -679,7 +701,14 @@ def grid_search(
     Same interface and scoring as :func:`mamba` (one round, no pruning); with
     ``vectorize=True`` arms differing only in state hyperparameters share a batch and
     each is charged its share of the batch's wall time.
-    """ + _DOC_ARGS
+
+    **Example:**
+
+    .. code-block:: python
+
+        res = nsg.grid_search(functools.partial(nsg.SGLD, model), {"step_size": [0.2, 0.5, 1.0]},
+                              (X, y), time_budget=5, rng_key=jax.random.PRNGKey(0))
+    """
     return _tune(make_kernel, grid, model_args=model_args, model_kwargs=model_kwargs,
                  time_budget=time_budget, eta=3, metric=metric, thin=thin, rng_key=rng_key,
                  preconditioner=preconditioner, score_draws=score_draws, ksd_options=ksd_options,

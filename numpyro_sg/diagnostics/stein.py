@@ -34,7 +34,7 @@ def _dispatch(name, x, score, scores, options, *, of_run, of_draws, run_args, kw
 
 
 def ksd(x, score=None, *, scores=None, c=1.0, beta=-0.5, preconditioner="sd", per_coordinate=False,
-        statistic="v", thin=None, block_size=None, model=None, model_args=(), model_kwargs=None,
+        statistic="v", thin=None, block_size=None, model=None, model_args=None, model_kwargs=None,
         **kwargs):
     """Kernel Stein discrepancy of draws, or of a run, from π: IMQ kernel (SPEC §7).
 
@@ -54,8 +54,9 @@ def ksd(x, score=None, *, scores=None, c=1.0, beta=-0.5, preconditioner="sd", pe
 
     :param x: draws (T, d), or an ``InferenceData`` or ``MCMC`` run.
     :param model: (run input) the NumPyro model, when the run carries no ``stein`` group.
-    :param model_args: (run input) the model's positional arguments.
-    :param model_kwargs: (run input) the model's keyword arguments.
+    :param model_args: (run input) the model's positional arguments (default: those the
+        ``MCMC`` ran with).
+    :param model_kwargs: (run input) the model's keyword arguments (likewise).
     :param kwargs: (run input) further options of
         :func:`~numpyro_sg.diagnostics.model_scores.ksd_of_run` (``max_draws``).
     :return: float (an array (d,) for a run with ``per_coordinate=True``).
@@ -80,7 +81,7 @@ def ksd(x, score=None, *, scores=None, c=1.0, beta=-0.5, preconditioner="sd", pe
 
 def fssd(x, score=None, *, scores=None, num_locations=10, bandwidth=None, locations=None,
          optimize=False, num_opt_steps=100, learning_rate=0.05, optimize_bandwidth=False,
-         rng_key=None, preconditioner="sd", thin=None, model=None, model_args=(),
+         rng_key=None, preconditioner="sd", thin=None, model=None, model_args=None,
          model_kwargs=None, **kwargs):
     """Squared finite set Stein discrepancy FSSD² of draws, or of a run, from π (SPEC §7).
 

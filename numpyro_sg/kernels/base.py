@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -49,12 +49,27 @@ from numpyro_sg.preconditioner import Preconditioner, from_working, rows_to_work
 from numpyro_sg.warmup import ModeFit, WarmupOptions, find_mode, starting_points
 
 __all__ = ["SGKernel", "GradientKernel", "DivergenceWarning", "jit_with_data", "split_init_key",
-           "all_finite", "PRECONDITIONERS", "GRADIENTS"]
+           "all_finite", "gradient_state", "PRECONDITIONERS", "GRADIENTS", "GRADIENT_STATE_FIELDS"]
 
 #: accepted string values of ``preconditioner`` (an array is accepted too)
 PRECONDITIONERS = ("laplace", "adapt", None)
 #: accepted values of ``gradient``
 GRADIENTS = ("cv", "plain")
+
+
+#: the state fields of every gradient kernel; a kernel adds its own (:func:`gradient_state`)
+GRADIENT_STATE_FIELDS = ("i", "z", "z_grad", "grad_noise_sd", "step_size", "hyper", "precond",
+                         "anchor", "guard", "diverging", "batch_state", "rng_key")
+
+
+def gradient_state(name: str, extra: tuple = (), doc: str = ""):
+    """A state ``NamedTuple`` class with :data:`GRADIENT_STATE_FIELDS` and the kernel's ``extra``
+    fields (inserted after ``step_size``)."""
+    at = GRADIENT_STATE_FIELDS.index("step_size") + 1
+    fields = GRADIENT_STATE_FIELDS[:at] + tuple(extra) + GRADIENT_STATE_FIELDS[at:]
+    cls = NamedTuple(name, [(f, Any) for f in fields])
+    cls.__doc__ = doc
+    return cls
 
 
 class DivergenceWarning(UserWarning):
@@ -298,9 +313,13 @@ class GradientKernel(SGKernel):
         (reused as is).
     """
 
-    def __init__(self, model, *, preconditioner="laplace", gradient="cv", warmup_options=None,
-                 subsample_size=None, replace=True, init_strategy=None, check_data=True,
-                 noise_ema_weight=0.1):
+    #: the keyword arguments every gradient kernel passes to this class's ``__init__``
+    SHARED_OPTIONS = ("preconditioner", "gradient", "warmup_options", "subsample_size", "replace",
+                      "init_strategy", "check_data", "noise_ema_weight")
+
+    def __init__(self, model, step_size=None, *, preconditioner="laplace", gradient="cv",
+                 warmup_options=None, subsample_size=None, replace=True, init_strategy=None,
+                 check_data=True, noise_ema_weight=0.1):
         super().__init__(model, subsample_size=subsample_size, replace=replace,
                          init_strategy=init_strategy, check_data=check_data)
         if not (isinstance(preconditioner, (str, type(None)))):
@@ -323,8 +342,19 @@ class GradientKernel(SGKernel):
         else:
             self._fit = None
             self.warmup_options = WarmupOptions.of(warmup_options)
+        if step_size is None and preconditioner is None:
+            raise ValueError(
+                "step_size=None chooses the step size in the units of the preconditioner; with "
+                "preconditioner=None give step_size (in the units of the parameters)."
+            )
+        self.step_size = step_size
         self.estimate_noise = False
         self._fit_key = None
+
+    @classmethod
+    def shared(cls, arguments: dict) -> dict:
+        """The :data:`SHARED_OPTIONS` among a subclass's ``__init__`` arguments (``locals()``)."""
+        return {k: arguments[k] for k in cls.SHARED_OPTIONS}
 
     @property
     def mode_fit(self) -> ModeFit | None:

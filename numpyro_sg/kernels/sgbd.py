@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import random
 
-from numpyro_sg.kernels.base import GradientKernel, check_choice
+from numpyro_sg.kernels.base import GradientKernel, check_choice, gradient_state
 
 __all__ = [
     "SGBD",
@@ -126,28 +126,13 @@ class SGBDHyper(NamedTuple):
     step_size: Any
 
 
-class SGBDState(NamedTuple):
-    """State of :class:`SGBD`.
+SGBDState = gradient_state("SGBDState", ("frac_past_breaking_point",), doc="""State of :class:`SGBD`.
 
-    As :class:`~numpyro_sg.kernels.sgld.SGLDState`, with ``step_size`` the σ used per working
-    coordinate (flat; adapted when ``adapt_step_size``) and ``frac_past_breaking_point`` the
-    fraction of coordinates whose increment had abs(z_j)·τ̂_j ≥ 1.702 at this iteration (NaN
-    without τ̂).
-    """
-
-    i: Any
-    z: Any
-    z_grad: Any
-    grad_noise_sd: Any
-    step_size: Any
-    frac_past_breaking_point: Any
-    hyper: Any
-    precond: Any
-    anchor: Any
-    guard: Any
-    diverging: Any
-    batch_state: Any
-    rng_key: Any
+As :class:`~numpyro_sg.kernels.sgld.SGLDState`, with ``step_size`` the σ used per working
+coordinate (flat; adapted when ``adapt_step_size``), ``hyper`` the :class:`SGBDHyper` and
+``frac_past_breaking_point`` the fraction of coordinates whose increment had abs(z_j)·τ̂_j ≥
+1.702 at this iteration (NaN without τ̂).
+""")
 
 
 class SGBD(GradientKernel):
@@ -217,16 +202,7 @@ class SGBD(GradientKernel):
                 raise ValueError(
                     f"step_size must be a positive finite scalar or 1-d array, got {step_size!r}."
                 )
-        super().__init__(model, preconditioner=preconditioner, gradient=gradient,
-                         warmup_options=warmup_options, subsample_size=subsample_size,
-                         replace=replace, init_strategy=init_strategy, check_data=check_data,
-                         noise_ema_weight=noise_ema_weight)
-        if step_size is None and self.preconditioner is None:
-            raise ValueError(
-                "step_size=None chooses σ in the units of the preconditioner; with "
-                "preconditioner=None give step_size."
-            )
-        self.step_size = step_size
+        super().__init__(model, step_size, **self.shared(locals()))
         self.variant = variant
         self.adapt_step_size = adapt_step_size
         needs = variant == "corrected" or bool(adapt_step_size)

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 from jax import random
 
-from numpyro_sg.kernels.base import GradientKernel, check_choice, check_positive
+from numpyro_sg.kernels.base import GradientKernel, check_choice, check_positive, gradient_state
 from numpyro_sg.kernels.moves import (
     CallableSchedule,
     PolynomialSchedule,
@@ -54,29 +54,16 @@ class SGLDHyper(NamedTuple):
     temperature: Any
 
 
-class SGLDState(NamedTuple):
-    """State of :class:`SGLD`.
+SGLDState = gradient_state("SGLDState", doc="""State of :class:`SGLD`.
 
-    ``i`` iteration counter (warmup included); ``z`` unconstrained parameters (dict);
-    ``z_grad`` the stochastic gradient ĝ at ``z`` (flat); ``grad_noise_sd`` the EMA τ̂ of the
-    gradient-noise sd per working coordinate (NaN when not estimated); ``step_size`` the ε
-    that produced ``z``; ``hyper`` the :class:`SGLDHyper`; ``precond`` the preconditioner;
-    ``anchor`` the control-variate anchor (``None`` for plain gradients); ``guard`` the
-    blow-up detector; ``diverging`` True from the first divergence on.
-    """
-
-    i: Any
-    z: Any
-    z_grad: Any
-    grad_noise_sd: Any
-    step_size: Any
-    hyper: Any
-    precond: Any
-    anchor: Any
-    guard: Any
-    diverging: Any
-    batch_state: Any
-    rng_key: Any
+``i`` iteration counter (warmup included); ``z`` unconstrained parameters (dict);
+``z_grad`` the stochastic gradient ĝ at ``z`` (flat); ``grad_noise_sd`` the EMA τ̂ of the
+gradient-noise sd per working coordinate (NaN when not estimated); ``step_size`` the ε that
+produced ``z``; ``hyper`` the :class:`SGLDHyper`; ``precond`` the preconditioner; ``anchor``
+the control-variate anchor (``None`` for plain gradients); ``guard`` the blow-up detector;
+``diverging`` True from the first divergence on; ``batch_state`` the index-drawing state;
+``rng_key`` the chain's key.
+""")
 
 
 class SGLD(GradientKernel):
@@ -140,16 +127,7 @@ class SGLD(GradientKernel):
         if step_size is not None and not callable(step_size):
             check_positive("step_size", step_size)
         check_positive("temperature", temperature)
-        super().__init__(model, preconditioner=preconditioner, gradient=gradient,
-                         warmup_options=warmup_options, subsample_size=subsample_size,
-                         replace=replace, init_strategy=init_strategy, check_data=check_data,
-                         noise_ema_weight=noise_ema_weight)
-        if step_size is None and self.preconditioner is None:
-            raise ValueError(
-                "step_size=None chooses ε in the units of the preconditioner; with "
-                "preconditioner=None give step_size (ε in units of the parameters' variance)."
-            )
-        self.step_size = step_size
+        super().__init__(model, step_size, **self.shared(locals()))
         self.variant = variant
         self.temperature = float(temperature)
         self.estimate_noise = (variant == "corrected") if estimate_noise is None else bool(estimate_noise)
