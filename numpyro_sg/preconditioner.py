@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = [
     "Preconditioner",
@@ -27,7 +28,12 @@ __all__ = [
     "to_working",
     "from_working",
     "rows_to_working",
-    "working_sd",
+    "Moments",
+    "init_moments",
+    "update_moments",
+    "pool_moments",
+    "adapted_preconditioner",
+    "laplace_misfit",
 ]
 
 
@@ -80,8 +86,77 @@ def rows_to_working(P: Preconditioner, G):
     return G if P.scale is None else G * P.scale
 
 
-def working_sd(P: Preconditioner, dtype=jnp.float32):
-    """Per-coordinate sd of θ implied by M = L·Lᵀ taken as a covariance (√diag M), or ``None``."""
+class Moments(NamedTuple):
+    """Running (Welford) moments of a chain's flat parameters: ``count``, ``mean`` (d,) and the
+    sum of squared deviations ``m2`` — (d, d) for a dense preconditioner, (d,) otherwise."""
+
+    count: Any
+    mean: Any
+    m2: Any
+
+
+def init_moments(dim: int, dense: bool, dtype=jnp.float32) -> Moments:
+    """Empty moments (dense: a (d, d) ``m2``)."""
+    m2 = jnp.zeros((dim, dim) if dense else (dim,), dtype)
+    return Moments(jnp.zeros((), dtype), jnp.zeros((dim,), dtype), m2)
+
+
+def update_moments(m: Moments, x, active=True) -> Moments:
+    """Welford's update with the point ``x`` where ``active`` (else ``m`` unchanged)."""
+    count = m.count + 1.0
+    delta = x - m.mean
+    mean = m.mean + delta / count
+    after = x - mean
+    m2 = m.m2 + (jnp.outer(delta, after) if m.m2.ndim == 2 else delta * after)
+    return Moments(*(jnp.where(active, new, old) for new, old in zip((count, mean, m2), m)))
+
+
+def pool_moments(counts, means, m2s):
+    """Moments of several chains pooled (numpy arrays with a leading chain axis):
+    ``(count, mean, covariance)``; the covariance is (d, d) or (d,) like ``m2``."""
+    counts = np.asarray(counts, np.float64)
+    means = np.asarray(means, np.float64)
+    m2s = np.asarray(m2s, np.float64)
+    n = counts.sum()
+    mean = (counts[:, None] * means).sum(0) / n
+    dev = means - mean
+    between = np.einsum("c,ci,cj->ij", counts, dev, dev) if m2s.ndim == 3 else (counts[:, None] * dev**2).sum(0)
+    return n, mean, (m2s.sum(0) + between) / max(n - 1.0, 1.0)
+
+
+def adapted_preconditioner(P: Preconditioner, m: Moments, shrinkage: float = 5.0) -> Preconditioner:
+    """P re-estimated from the moments of warmup draws (as NUTS adapts its mass matrix).
+
+    The sample covariance S of n draws is shrunk towards the current M = L·Lᵀ,
+    (n/(n + 5))·S + (5/(n + 5))·M, and factorised (Cholesky, or square roots of the diagonal);
+    a factorisation that fails (non-finite) keeps P.
+    """
+    n = m.count
+    S = m.m2 / jnp.maximum(n - 1.0, 1.0)
+    w = n / (n + shrinkage)
     if P.chol is not None:
-        return jnp.sqrt(jnp.sum(P.chol * P.chol, axis=1))
-    return None if P.scale is None else jnp.asarray(P.scale, dtype)
+        cov = w * S + (1.0 - w) * (P.chol @ P.chol.T)
+        L = jnp.linalg.cholesky(0.5 * (cov + cov.T))
+        return Preconditioner(chol=jnp.where(jnp.all(jnp.isfinite(L)), L, P.chol))
+    current = jnp.ones_like(m.mean) if P.scale is None else P.scale
+    var = w * S + (1.0 - w) * current**2
+    scale = jnp.sqrt(var)
+    return Preconditioner(scale=jnp.where(jnp.all(jnp.isfinite(scale) & (scale > 0)), scale, current))
+
+
+def laplace_misfit(P: Preconditioner, mode, mean, cov):
+    """How far draws (pooled ``mean`` and ``cov``, numpy) are from the Gaussian N(mode, L·Lᵀ):
+    ``(max abs(whitened mean offset), smallest and largest eigenvalue of the whitened
+    covariance)``; for a diagonal P the whitened covariance's diagonal stands in for its
+    eigenvalues."""
+    mean, mode, cov = (np.asarray(a, np.float64) for a in (mean, mode, cov))
+    if P.chol is not None:
+        Linv = np.linalg.inv(np.asarray(P.chol, np.float64))
+        offset = Linv @ (mean - mode)
+        C = cov if cov.ndim == 2 else np.diag(cov)
+        eig = np.linalg.eigvalsh(Linv @ C @ Linv.T)
+    else:
+        scale = np.ones_like(mean) if P.scale is None else np.asarray(P.scale, np.float64)
+        offset = (mean - mode) / scale
+        eig = (np.diag(cov) if cov.ndim == 2 else cov) / scale**2
+    return float(np.max(np.abs(offset))), float(np.min(eig)), float(np.max(eig))

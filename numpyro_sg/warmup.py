@@ -39,7 +39,7 @@ import optax
 from jax import random
 from jax.flatten_util import ravel_pytree
 
-from numpyro_sg.minibatch import Minibatcher, draw_with_replacement
+from numpyro_sg.minibatch import Minibatcher, draw_with_replacement, jit_with_data
 from numpyro_sg.model_info import ModelInfo
 from numpyro_sg.preconditioner import Preconditioner, from_working
 
@@ -138,26 +138,25 @@ def _optimizer_minibatcher(mb: Minibatcher, batch_size):
 
 
 def _adam(flat_ld, mb_opt: Minibatcher, start, options: WarmupOptions, key):
-    """``optimizer_steps`` Adam steps maximising the mini-batch log density (jitted scan)."""
+    """``optimizer_steps`` Adam steps maximising the mini-batch log density (a ``lax.scan``).
+
+    ``flat_ld(x, indices)`` is the flat mini-batch log density; call inside ``jit``.
+    """
     steps = options.optimizer_steps
     schedule = optax.cosine_decay_schedule(options.learning_rate, max(steps, 1), alpha=0.01)
     opt = optax.adam(schedule)
 
-    @jax.jit
-    def run(x, key):
-        def body(carry, k):
-            x, state = carry
-            idx, _ = mb_opt.draw(k, None)
-            g = jax.grad(flat_ld)(x, idx)
-            ok = jnp.all(jnp.isfinite(g))
-            updates, new_state = opt.update(-jnp.where(ok, g, 0.0), state, x)
-            new_x = optax.apply_updates(x, updates)
-            return (jnp.where(ok, new_x, x), new_state), None
+    def body(carry, k):
+        x, state = carry
+        idx, _ = mb_opt.draw(k, None)
+        g = jax.grad(flat_ld)(x, idx)
+        ok = jnp.all(jnp.isfinite(g))
+        updates, new_state = opt.update(-jnp.where(ok, g, 0.0), state, x)
+        new_x = optax.apply_updates(x, updates)
+        return (jnp.where(ok, new_x, x), new_state), None
 
-        (x, _), _ = jax.lax.scan(body, (x, opt.init(x)), random.split(key, steps))
-        return x
-
-    return run(start, key)
+    (x, _), _ = jax.lax.scan(body, (start, opt.init(start)), random.split(key, steps))
+    return x
 
 
 def _hutchinson_diagonal(hvp, x, key, num_probes=16):
@@ -252,27 +251,40 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
     dtype = jnp.result_type(float)
     d = ravel_pytree(info.unconstrained_example())[0].shape[0]
     key_opt, key_hess, key_probe = random.split(random.PRNGKey(options.seed), 3)
-    log_density = mb.log_density_fn(model_args, model_kwargs)
-
-    def flat_ld(x, idx):
-        return log_density(unravel(x), idx)
-
-    full_vg = jax.jit(mb.full_value_and_grad_fn(unravel, model_args, model_kwargs, options.chunk_size))
-    x = _start(full_vg, info, d, dtype)
-    if options.optimizer_steps > 0:
-        x = _adam(flat_ld, _optimizer_minibatcher(mb, options.batch_size), x, options, key_opt)
-    value, grad = full_vg(x)
     sub = {p.name: draw_with_replacement(random.fold_in(key_hess, k), p.size, options.hessian_rows)
            if p.size > options.hessian_rows else jnp.arange(p.size, dtype=jnp.int32)
            for k, p in enumerate(mb.plates)}
+
+    def flat_log_density(args, kwargs):
+        log_density = mb.log_density_fn(args, kwargs)
+        return lambda x, idx: log_density(unravel(x), idx)
+
+    # the data are arguments of the compiled programs, not constants baked into them
+    full_vg = jit_with_data(
+        lambda x, a, k: mb.full_value_and_grad_fn(unravel, a, k, options.chunk_size)(x),
+        model_args, model_kwargs,
+    )
+    x = _start(full_vg, info, d, dtype)
+    if options.optimizer_steps > 0:
+        mb_opt = _optimizer_minibatcher(mb, options.batch_size)
+        adam = jit_with_data(
+            lambda x, key, a, k: _adam(flat_log_density(a, k), mb_opt, x, options, key),
+            model_args, model_kwargs,
+        )
+        x = adam(x, key_opt)
+    value, grad = full_vg(x)
     if d <= options.dense_max:
-        hess = jax.jit(jax.hessian(lambda y: flat_ld(y, sub)))
+        hess = jit_with_data(lambda y, a, k: jax.hessian(lambda t: flat_log_density(a, k)(t, sub))(y),
+                             model_args, model_kwargs)
 
         def curvature(y):
             H = np.asarray(hess(y), np.float64)
             return -0.5 * (H + H.T)
     else:
-        hvp = jax.jit(lambda y, v: jax.jvp(jax.grad(lambda t: flat_ld(t, sub)), (y,), (v,))[1])
+        hvp = jit_with_data(
+            lambda y, v, a, k: jax.jvp(jax.grad(lambda t: flat_log_density(a, k)(t, sub)), (y,), (v,))[1],
+            model_args, model_kwargs,
+        )
 
         def curvature(y):
             return -np.asarray(_hutchinson_diagonal(hvp, y, key_probe), np.float64)

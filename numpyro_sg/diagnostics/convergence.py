@@ -100,7 +100,8 @@ def _run_samples(obj) -> dict:
 
 
 def check_convergence(obj, *, rhat_max: float = 1.05, ess_min: float = 100, drift_max: float = 1.0,
-                      sites=None, label: str = "the run", warn: bool = True) -> pd.DataFrame:
+                      sites=None, label: str = "the run", warn: bool = True,
+                      extra_problems=()) -> pd.DataFrame:
     """Check a run for convergence; warn (:class:`ConvergenceWarning`) naming the sites at fault.
 
     :param obj: a ``numpyro.infer.MCMC`` after ``run``, an ``arviz.InferenceData`` or a dict
@@ -112,6 +113,8 @@ def check_convergence(obj, *, rhat_max: float = 1.05, ess_min: float = 100, drif
     :param sites: names of the sites to check (default: every floating-point site).
     :param str label: how the run is named in the warning.
     :param bool warn: issue the warning (default True).
+    :param extra_problems: further problems found by the caller (sentences), reported in the
+        same warning (the kernels add the distance of the draws from the Laplace approximation).
     :return: the :func:`convergence_table` with a boolean column ``ok``.
 
     **Example:**
@@ -126,13 +129,13 @@ def check_convergence(obj, *, rhat_max: float = 1.05, ess_min: float = 100, drif
         samples = {k: v for k, v in samples.items() if k in set(sites)}
     table = convergence_table(samples)
     table["ok"] = (table["r_hat"] <= rhat_max) & (table["ess_bulk"] >= ess_min) & (table["drift"] <= drift_max)
-    if warn and not table["ok"].all():
-        warnings.warn(_message(table, label, rhat_max, ess_min, drift_max), ConvergenceWarning, stacklevel=2)
+    if warn and (not table["ok"].all() or extra_problems):
+        warnings.warn(_message(table, label, rhat_max, ess_min, drift_max, list(extra_problems)),
+                      ConvergenceWarning, stacklevel=2)
     return table
 
 
-def _message(table, label, rhat_max, ess_min, drift_max) -> str:
-    problems = []
+def _message(table, label, rhat_max, ess_min, drift_max, problems) -> str:
     bad = table[table["r_hat"] > rhat_max]
     if len(bad):
         problems.append("split-R̂ " + ", ".join(f"{r:.3g} for '{n}' (worst coordinate {w})"
@@ -147,7 +150,7 @@ def _message(table, label, rhat_max, ess_min, drift_max) -> str:
         problems.append("still drifting: the first and last thirds of a chain's draws differ by "
                         + ", ".join(f"{x:.3g} posterior sds in '{n}'" for n, x in zip(bad.index, bad["drift"])))
     return (
-        f"{label} has not converged: " + "; ".join(problems) + ". The draws may be far from the "
+        f"{label} may not have sampled the posterior: " + "; ".join(problems) + ". The draws may be far from the "
         "posterior. Remedies: a longer num_warmup and num_samples; start from the warmup's mode "
         "(the kernels' default, init_strategy=None) rather than a random start; a larger "
         "step_size if the chain moves too slowly, a smaller one if it is unstable; compare with "
@@ -155,11 +158,12 @@ def _message(table, label, rhat_max, ess_min, drift_max) -> str:
     )
 
 
-def watch_runs(mcmc, label: str):
+def watch_runs(mcmc, label: str, report=None):
     """Run :func:`check_convergence` on ``mcmc``'s draws at the end of each of its sampling runs.
 
     Installed once per ``MCMC`` object by the kernels' ``init``; warmup-only runs
-    (``MCMC.warmup``) are not checked.
+    (``MCMC.warmup``) are not checked.  ``report(mcmc) -> list of sentences`` adds the
+    kernel's own findings to the warning.
     """
     if getattr(mcmc, "_numpyro_sg_watched", False):
         return
@@ -173,7 +177,8 @@ def watch_runs(mcmc, label: str):
         try:
             z = mcmc.last_state.z
             sites = list(z) if isinstance(z, dict) else None
-            check_convergence(mcmc, sites=sites, label=f"{label} (MCMC.run)")
+            extra = report(mcmc) if report is not None else []
+            check_convergence(mcmc, sites=sites, label=f"{label} (MCMC.run)", extra_problems=extra)
         except ConvergenceWarning:  # a test turned warnings into errors: let it through
             raise
         except Exception as err:  # noqa: BLE001 - a diagnostic must never break a finished run

@@ -43,9 +43,26 @@ from numpyro.util import is_prng_key
 
 from numpyro_sg.diagnostics.convergence import watch_runs
 from numpyro_sg.kernels.moves import ema, freeze, guard_step, init_guard
-from numpyro_sg.minibatch import Anchor, Minibatcher, full_data, subsample_plates, with_indices
+from numpyro_sg.minibatch import (
+    Anchor,
+    Minibatcher,
+    full_data,
+    jit_with_data,
+    subsample_plates,
+    with_indices,
+)
 from numpyro_sg.model_info import trace_model
-from numpyro_sg.preconditioner import Preconditioner, from_working, rows_to_working, to_working
+from numpyro_sg.preconditioner import (
+    Preconditioner,
+    adapted_preconditioner,
+    from_working,
+    init_moments,
+    laplace_misfit,
+    pool_moments,
+    rows_to_working,
+    to_working,
+    update_moments,
+)
 from numpyro_sg.warmup import ModeFit, WarmupOptions, find_mode, starting_points
 
 __all__ = ["SGKernel", "GradientKernel", "DivergenceWarning", "jit_with_data", "split_init_key",
@@ -59,7 +76,7 @@ GRADIENTS = ("cv", "plain")
 
 #: the state fields of every gradient kernel; a kernel adds its own (:func:`gradient_state`)
 GRADIENT_STATE_FIELDS = ("i", "z", "z_grad", "grad_noise_sd", "step_size", "hyper", "precond",
-                         "anchor", "guard", "diverging", "batch_state", "rng_key")
+                         "anchor", "moments", "guard", "diverging", "batch_state", "rng_key")
 
 
 def gradient_state(name: str, extra: tuple = (), doc: str = ""):
@@ -92,27 +109,6 @@ def split_init_key(rng_key):
         return True, keys[:, 0], keys[:, 1]
     rng_key, key_init = random.split(rng_key)
     return False, rng_key, key_init
-
-
-def jit_with_data(fn, model_args, model_kwargs):
-    """``jax.jit`` of ``fn(*args, model_args, model_kwargs)`` with the data as arguments.
-
-    Array leaves of the model arguments (the data) are passed to the compiled program as
-    arguments rather than baked into it as constants (which is slow to compile for large
-    data, SPEC §11); other leaves stay static.  Returns ``g(*args) = fn(*args, model_args,
-    model_kwargs)``.
-    """
-    leaves, treedef = jax.tree.flatten((model_args, model_kwargs))
-    dynamic = [isinstance(x, (np.ndarray, jax.Array)) and np.ndim(x) > 0 for x in leaves]
-    arrays = [x for x, d in zip(leaves, dynamic) if d]
-
-    @jax.jit
-    def compiled(args, arrays):
-        it = iter(arrays)
-        args_, kwargs_ = jax.tree.unflatten(treedef, [next(it) if d else x for x, d in zip(leaves, dynamic)])
-        return fn(*args, args_, kwargs_)
-
-    return lambda *args: compiled(args, arrays)
 
 
 def calling_mcmc(max_depth: int = 8):
@@ -206,6 +202,7 @@ class SGKernel(MCMCKernel):
     def sample(self, state, model_args, model_kwargs):
         """One iteration of every chain: :meth:`step`, ``vmap``-ed for vectorised chains."""
         model_kwargs = {} if model_kwargs is None else model_kwargs
+        state = self._between_steps(state)
         if is_prng_key(state.rng_key):
             new = self.step(state, model_args, model_kwargs)
         else:  # chain_method="vectorized": the kernel vmaps itself
@@ -221,6 +218,11 @@ class SGKernel(MCMCKernel):
     def step(self, state, model_args, model_kwargs):  # pragma: no cover - abstract
         """One iteration of one chain: a pure function of the state and the data."""
         raise NotImplementedError
+
+    def _between_steps(self, state):
+        """Occasional work on all chains at once before a step (default: none), e.g. the
+        warmup's preconditioner adaptation; runs under ``lax.cond`` on the shared counter."""
+        return state
 
     def replace_hyperparameters(self, state, **values):
         """The state with hyperparameters (``state.hyper`` fields, e.g. ``step_size``) replaced.
@@ -277,7 +279,11 @@ class SGKernel(MCMCKernel):
         """Register the end-of-run convergence check on the ``MCMC`` running this kernel."""
         mcmc = calling_mcmc()
         if mcmc is not None:
-            watch_runs(mcmc, type(self).__name__)
+            watch_runs(mcmc, type(self).__name__, self._run_report)
+
+    def _run_report(self, mcmc) -> list:
+        """Problems of a finished run beyond R̂/ESS/drift, as sentences (default: none)."""
+        return []
 
     def _warn_divergence(self, iteration, newly):
         k = int(jnp.max(iteration)) + 1  # 1-based iteration number, warmup included
@@ -399,6 +405,7 @@ class GradientKernel(SGKernel):
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         self._num_warmup = int(num_warmup)
+        self._set_adaptation_schedule()
         batched, rng_key, key_init = split_init_key(rng_key)
         need_mode = self._needs_mode(init_params)
         strategy = self._init_strategy
@@ -442,6 +449,7 @@ class GradientKernel(SGKernel):
                 hyper=hyper,
                 precond=precond,
                 anchor=anchor,
+                moments=init_moments(dim, precond.kind == "dense", dtype),
                 guard=init_guard(flat, jnp.sqrt(jnp.mean(grad_w**2))),
                 diverging=jnp.array(False),
                 batch_state=batch_state,
@@ -455,6 +463,65 @@ class GradientKernel(SGKernel):
         self._sample_fn = self.sample
         self._watch()
         return state
+
+    # -- warmup adaptation and the end-of-run report --------------------------------------
+    #: fractions of num_warmup: moments collected from the first, preconditioner re-estimated
+    #: (and moments reset) at the others ("adapt"); moments reset at the end of warmup
+    ADAPT_WINDOWS = (0.15, 0.5, 0.85)
+
+    def _set_adaptation_schedule(self):
+        W = self._num_warmup
+        start, *updates = (int(f * W) for f in self.ADAPT_WINDOWS)
+        adapt = self.preconditioner == "adapt" and W > 0
+        self._adapt_at = tuple(u for u in updates if u > start) if adapt else ()
+        self._moments_from = start if adapt else W
+
+    def _between_steps(self, state):
+        """Re-estimate the preconditioner ("adapt") at its warmup iterations and restart the
+        moments there and at the end of warmup (so the report covers the kept draws)."""
+        single = is_prng_key(state.rng_key)
+        i0 = state.i if single else state.i[0]  # every chain is at the same iteration
+
+        def refit(st):
+            return st._replace(precond=adapted_preconditioner(st.precond, st.moments))
+
+        def reset(st):
+            return st._replace(moments=jax.tree.map(jnp.zeros_like, st.moments))
+
+        for fn, at in ((refit, self._adapt_at), (reset, self._adapt_at + (self._num_warmup,))):
+            if at:
+                fn_all = fn if single else jax.vmap(fn)
+                state = jax.lax.cond(jnp.isin(i0, jnp.asarray(at)), fn_all, lambda s: s, state)
+        return state
+
+    #: the end-of-run report flags draws whose whitened mean is further than this many Laplace
+    #: sds from the mode, or whose whitened covariance has eigenvalues outside this range
+    MISFIT_OFFSET, MISFIT_EIGENVALUES = 2.0, (0.25, 4.0)
+
+    def _run_report(self, mcmc) -> list:
+        fit, m = self._fit, getattr(mcmc.last_state, "moments", None)
+        if fit is None or m is None:
+            return []
+        d = fit.mode.shape[0]
+        counts = np.asarray(m.count).reshape(-1)
+        if counts.sum() < 50:
+            return []
+        means = np.asarray(m.mean).reshape(-1, d)
+        m2s = np.asarray(m.m2)
+        m2s = m2s.reshape((len(counts), d, d) if m2s.size == len(counts) * d * d else (len(counts), d))
+        _, mean, cov = pool_moments(counts, means, m2s)
+        offset, low, high = laplace_misfit(fit.preconditioner, fit.mode, mean, cov)
+        lo, hi = self.MISFIT_EIGENVALUES
+        if offset <= self.MISFIT_OFFSET and lo <= low and high <= hi:
+            return []
+        return [
+            f"the draws are far from the Laplace approximation at the warmup's mode (their mean "
+            f"is up to {offset:.2g} Laplace sds from the mode, their variance {low:.2g}–{high:.2g} "
+            "times the Laplace variance along some directions): the posterior is far from "
+            "Gaussian, where the default step sizes, calibrated on near-Gaussian posteriors, can "
+            "be biased; check against NUTS or use a smaller step_size and "
+            "preconditioner='adapt'"
+        ]
 
     # -- one iteration ----------------------------------------------------------------------
     def _estimate(self, flat, indices, anchor, precond, model_args, model_kwargs):
@@ -486,9 +553,11 @@ class GradientKernel(SGKernel):
         blown, guard = guard_step(state.guard, new_flat, norm, finite)
         diverging = state.diverging | blown
         frozen_at = jnp.where(state.diverging, flat, guard.safe)
+        z_flat = jnp.where(diverging, frozen_at, new_flat)
         return state._replace(
             i=state.i + 1,
-            z=self._unravel(jnp.where(diverging, frozen_at, new_flat)),
+            moments=update_moments(state.moments, z_flat, state.i >= self._moments_from),
+            z=self._unravel(z_flat),
             z_grad=freeze(diverging, state.z_grad, est.grad),
             grad_noise_sd=freeze(diverging, state.grad_noise_sd, tau),
             guard=guard,

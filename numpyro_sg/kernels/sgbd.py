@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 #: default σ in the working frame of the Laplace preconditioner (see docs/warmup.md)
-DEFAULT_STEP_SIZE = 0.7
+DEFAULT_STEP_SIZE = 0.8
 
 #: 1.702: the scale in the probit approximation sigmoid(x) ≈ Φ(x/1.702) behind Prop. 2.
 BARKER_LOGISTIC_SCALE = 1.702
@@ -147,7 +147,7 @@ class SGBD(GradientKernel):
     noise sd in the working frame; c_j = 1 (the paper) or 1 + σ_j²/4 with
     ``correct_discretisation`` (:func:`discretisation_logit_scale`).  Before the chains
     start, the warmup finds the mode, the Laplace preconditioner and the control-variate
-    anchor (:mod:`numpyro_sg.warmup`); σ = 0.7 posterior sds by default.
+    anchor (:mod:`numpyro_sg.warmup`); σ = 0.8 posterior sds by default.
 
     :param model: NumPyro model with a subsample plate.
     :param step_size: σ > 0 in the working frame (scalar or per-coordinate array); ``None``

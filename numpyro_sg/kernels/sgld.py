@@ -42,7 +42,7 @@ from numpyro_sg.kernels.moves import (
 __all__ = ["SGLD", "SGLDState", "SGLDHyper", "DEFAULT_STEP_SIZE"]
 
 #: default ε in the working frame of the Laplace preconditioner (see docs/warmup.md)
-DEFAULT_STEP_SIZE = 0.5
+DEFAULT_STEP_SIZE = 0.7
 
 
 class SGLDHyper(NamedTuple):
@@ -72,7 +72,7 @@ class SGLD(GradientKernel):
     θ' = θ + (ε/2)·M·ĝ(θ) + N(0, v·M) (see :mod:`numpyro_sg.kernels.sgld`): before the chains
     start, the warmup finds the posterior mode, the Laplace preconditioner M and the
     control-variate anchor (:mod:`numpyro_sg.warmup`), and the chains start from draws of the
-    Laplace approximation.  The defaults need no tuning: ε = 0.5 in the preconditioner's
+    Laplace approximation.  The defaults need no tuning: ε = 0.7 in the preconditioner's
     units, with the discretisation correction.
 
     :param model: NumPyro model with a subsample plate.
