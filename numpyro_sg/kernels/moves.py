@@ -182,9 +182,8 @@ class DivergenceGuard(NamedTuple):
     """Blow-up detection state of a chain.
 
     ``safe`` the last point (flat) whose working-frame gradient norm stayed within
-    :data:`SAFE_FACTOR` of the reference; ``reference`` the lowest moving average of that norm
-    seen so far (``inf`` during the first :data:`GUARD_BURN_IN` iterations); ``level`` the
-    moving average itself; ``count`` the number of points seen.
+    :data:`SAFE_FACTOR` of the reference; ``reference`` the reference norm (``inf`` before the
+    first step); ``level`` a moving average of the norm; ``count`` the number of steps seen.
     """
 
     safe: Any
@@ -197,7 +196,7 @@ class DivergenceGuard(NamedTuple):
 BLOWUP_FACTOR = 1e3
 #: points whose gradient norm stays below this multiple of the reference are safe fall-backs
 SAFE_FACTOR = 10.0
-#: iterations before the reference is set (a chain may start at a point of zero gradient)
+#: steps after which the reference follows the lowest moving average of the norm
 GUARD_BURN_IN = 10
 _LEVEL_WEIGHT = 0.05
 
@@ -213,18 +212,19 @@ def guard_step(guard: DivergenceGuard, flat, grad_norm, finite):
 
     A chain has *blown up* when its state, log density or gradient is not finite
     (``finite`` False), or when the norm of its working-frame gradient exceeds
-    :data:`BLOWUP_FACTOR` (1000) × the reference r, the lowest moving average of the norm
-    seen so far (a running mean over the first 20 points, then weight 0.05; r is set after
-    :data:`GUARD_BURN_IN` points).  An exploding chain (a step size past the stability limit)
-    has a gradient norm that grows geometrically and is caught long before it overflows; a
-    chain that starts far in the tail and moves in has a decreasing norm and is not.  Points
-    whose norm stays below :data:`SAFE_FACTOR` · r become the new ``safe`` point, the state a
-    frozen chain keeps: its last state before the blow-up.
+    :data:`BLOWUP_FACTOR` (1000) × the reference r.  r is the larger of the norms at the
+    start and after the first step (a chain may start at the mode, where the gradient is 0),
+    and after :data:`GUARD_BURN_IN` steps the lowest moving average of the norm seen so far
+    (a running mean over the first 20 steps, then weight 0.05).  An exploding chain (a step
+    size past the stability limit) has a gradient norm that grows geometrically and is caught
+    long before it overflows; a chain that starts far in the tail and moves in has a
+    decreasing norm and is not.  Points whose norm stays below :data:`SAFE_FACTOR` · r become
+    the new ``safe`` point, the state a frozen chain keeps: its last state before the blow-up.
     """
     count = guard.count + 1
-    weight = jnp.maximum(1.0 / count, _LEVEL_WEIGHT)
-    level = ema(guard.level, grad_norm, weight)
-    reference = jnp.where(count >= GUARD_BURN_IN, jnp.minimum(guard.reference, level), guard.reference)
+    level = ema(guard.level, grad_norm, jnp.maximum(1.0 / (count + 1.0), _LEVEL_WEIGHT))
+    reference = jnp.where(count == 1, jnp.maximum(guard.level, grad_norm), guard.reference)
+    reference = jnp.where(count >= GUARD_BURN_IN, jnp.minimum(reference, level), reference)
     blown = (~finite) | (grad_norm > BLOWUP_FACTOR * reference)
     safe_now = finite & (grad_norm <= SAFE_FACTOR * reference)
     keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
