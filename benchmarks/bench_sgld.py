@@ -94,7 +94,8 @@ def make_model(batch):
 
 def run_numpyro_sg(key, X, y, T, batch, theta0):
     mcmc = MCMC(
-        nsg.SGLD(make_model(batch), step_size=STEP_SIZE),
+        # the peers' algorithm: absolute ε, plain mini-batch gradients, no mode search
+        nsg.SGLD(make_model(batch), step_size=STEP_SIZE, preconditioner=None, gradient="plain"),
         num_warmup=0,
         num_samples=T,
         progress_bar=False,

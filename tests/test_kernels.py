@@ -267,10 +267,11 @@ def test_to_inference_data_uses_full_data(logistic_data):
 def test_demo_runs(capsys):
     from numpyro_sg.cli import main
 
-    main(["demo", "--num-data", "5000", "--num-warmup", "200", "--num-samples", "200",
-          "--subsample-size", "100", "--no-progress-bar"])
+    main(["demo", "--num-data", "5000", "--num-warmup", "200", "--num-samples", "400",
+          "--subsample-size", "100", "--nuts-samples", "300", "--no-progress-bar"])
     out = capsys.readouterr().out
-    assert "SGBD (corrected)" in out and "SGLD (corrected)" in out and "r_hat" in out
+    assert "\nSGLD: " in out and "\nSGBD: " in out and "r_hat" in out
+    assert "SGLD vs NUTS" in out and "min ESS/s" in out
 
 
 def test_example_script_runs(tmp_path, capsys):
@@ -282,4 +283,4 @@ def test_example_script_runs(tmp_path, capsys):
     out = tmp_path / "trace.png"
     module["main"](["--num-data", "4000", "--num-samples", "200", "--out", str(out)])
     assert out.stat().st_size > 10_000
-    assert "c-SGBD" in capsys.readouterr().out
+    assert "SGBD: the warmup" in capsys.readouterr().out

@@ -193,6 +193,11 @@ class SGKernel(MCMCKernel):
         """The subsample plates (with the sizes actually drawn), known after ``init``."""
         return None if self._mb is None else self._mb.plates
 
+    def unravel(self, flat):
+        """A flat unconstrained vector (the kernels' working order) as the dict of
+        unconstrained site values (known after ``init``)."""
+        return self._unravel(flat)
+
     @property
     def deterministic_in_plate(self) -> bool:
         """True when a deterministic site of the model sits in a subsample plate (known after
