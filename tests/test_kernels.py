@@ -284,3 +284,27 @@ def test_example_script_runs(tmp_path, capsys):
     module["main"](["--num-data", "4000", "--num-samples", "200", "--out", str(out)])
     assert out.stat().st_size > 10_000
     assert "SGBD: the warmup" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_init_evaluates_the_model_at_most_three_times(name, logistic_data):
+    """One trace for the structure (plates, sites, initial values) and one for the initial
+    gradient (per-datum gradients included, one vmapped trace); with the warmup's mode search
+    three more: the Adam scan, the chunked full-data pass and the Hessian.  Counted as Python
+    calls of the model function (each jit/vmap trace calls it once)."""
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return logistic_model(*args, **kwargs)
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)  # vectorised chains: still one trace
+    make = {"sgld": nsg.SGLD, "sgld-corrected": nsg.SGLD, "sgbd": nsg.SGBD, "sgbd-adaptive": nsg.SGBD}[name]
+    options = {"sgld-corrected": dict(variant="corrected"), "sgbd-adaptive": dict(adapt_step_size=True)}
+    classic = make(counting, 0.01, **options.get(name, {}), **CLASSIC)
+    classic.init(keys, 10, None, logistic_data, {})
+    assert len(calls) <= 3, len(calls)
+    calls.clear()
+    defaults = make(counting, **options.get(name, {}))
+    defaults.init(keys, 10, None, logistic_data, {})
+    assert len(calls) <= 5, len(calls)
