@@ -13,7 +13,40 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["laplace_approximation", "laplace_scales"]
+__all__ = [
+    "damped_newton_step",
+    "laplace_approximation",
+    "laplace_scales",
+]
+
+
+def damped_newton_step(neg_hessian, grad):
+    """The Newton step (−H + λI)⁻¹·g towards a mode, with λ = 0 when −H is positive definite
+    and otherwise just enough (Levenberg–Marquardt) to make it so; ``neg_hessian`` may be a
+    (d, d) matrix or its diagonal (d,).
+
+    :return: ``(step, sd, damped)``: the step, √diag((−H + λI)⁻¹) (the Laplace sds when not
+        damped) and whether λ > 0.
+
+    **Example:**
+
+    >>> step, sd, damped = damped_newton_step(np.array([[2.0, 0.0], [0.0, 4.0]]), np.array([1.0, 1.0]))
+    >>> step.tolist(), damped
+    ([0.5, 0.25], False)
+    """
+    neg_hessian = np.asarray(neg_hessian, np.float64)
+    grad = np.asarray(grad, np.float64)
+    if neg_hessian.ndim == 1:
+        positive = np.all(neg_hessian > 0)
+        lam = 0.0 if positive else -np.min(neg_hessian) + 1e-3 * max(np.max(np.abs(neg_hessian)), 1.0)
+        curvature = neg_hessian + lam
+        return grad / curvature, 1.0 / np.sqrt(curvature), lam > 0
+    eig = np.linalg.eigvalsh(neg_hessian)
+    lam = 0.0 if eig[0] > 0 else -eig[0] + 1e-3 * max(abs(eig[-1]), 1.0)
+    A = neg_hessian + lam * np.eye(len(grad))
+    step = np.linalg.solve(A, grad)
+    sd = np.sqrt(np.clip(np.diag(np.linalg.inv(A)), 1e-300, None))
+    return step, sd, lam > 0
 
 
 def laplace_scales(score, init, num_steps: int = 50, tol: float = 1e-4) -> np.ndarray:
@@ -88,19 +121,12 @@ def laplace_approximation(score, init, num_steps: int = 50, tol: float = 1e-4):
     for _ in range(num_steps):
         if not (np.all(np.isfinite(g)) and np.all(np.isfinite(h))):
             raise ValueError(f"laplace_scales: non-finite score or Hessian at θ = {theta!r}.")
-        neg_h = -h
-        eig = np.linalg.eigvalsh(neg_h)
-        concave = eig[0] > 0
-        if concave:
-            step = np.linalg.solve(neg_h, g)
-            sd = np.sqrt(np.diag(np.linalg.inv(neg_h)))
-            if np.all(np.abs(step) <= tol * sd):
-                theta = theta + step
-                g, h = grad_hess(theta)
-                break
-        else:  # Levenberg–Marquardt damping: just enough to make −H + λI positive definite
-            lam = -eig[0] + 1e-3 * max(abs(eig[-1]), 1.0)
-            step = np.linalg.solve(neg_h + lam * np.eye(theta.size), g)
+        step, sd, damped = damped_newton_step(-h, g)
+        concave = not damped
+        if concave and np.all(np.abs(step) <= tol * sd):
+            theta = theta + step
+            g, h = grad_hess(theta)
+            break
         norm0 = np.linalg.norm(g)
         alpha, accepted = 1.0, False
         for _ in range(11):

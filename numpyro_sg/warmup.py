@@ -39,6 +39,7 @@ import optax
 from jax import random
 from jax.flatten_util import ravel_pytree
 
+from numpyro_sg.laplace import damped_newton_step
 from numpyro_sg.minibatch import Minibatcher, draw_with_replacement, jit_with_data
 from numpyro_sg.model_info import ModelInfo
 from numpyro_sg.preconditioner import Preconditioner, from_working
@@ -165,21 +166,6 @@ def _hutchinson_diagonal(hvp, x, key, num_probes=16):
     return jnp.mean(jax.vmap(lambda v: v * hvp(x, v))(probes), axis=0)
 
 
-def _newton_step(neg_h, grad):
-    """(step, Laplace sd, damped): (−H + λI)⁻¹·g with λ = 0 when −H is positive definite,
-    else just enough (Levenberg–Marquardt) to make it so; −H diagonal when 1-D."""
-    if neg_h.ndim == 1:
-        lam = 0.0 if np.all(neg_h > 0) else -np.min(neg_h) + 1e-3 * max(np.max(np.abs(neg_h)), 1.0)
-        curv = neg_h + lam
-        return grad / curv, 1.0 / np.sqrt(curv), lam > 0
-    eig = np.linalg.eigvalsh(neg_h)
-    lam = 0.0 if eig[0] > 0 else -eig[0] + 1e-3 * max(abs(eig[-1]), 1.0)
-    A = neg_h + lam * np.eye(len(grad))
-    step = np.linalg.solve(A, grad)
-    sd = np.sqrt(np.clip(np.diag(np.linalg.inv(A)), 1e-300, None))
-    return step, sd, lam > 0
-
-
 def _line_search(full_vg, x, value, step, dtype, halvings=10):
     """x + α·step with α = 1, ½, … until log π does not decrease: (x, value, grad, accepted)."""
     alpha = 1.0
@@ -292,7 +278,7 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
     converged, taken = False, 0
     while taken < options.newton_steps:
         taken += 1
-        step, sd, damped = _newton_step(curvature(x), np.asarray(grad, np.float64))
+        step, sd, damped = damped_newton_step(curvature(x), np.asarray(grad, np.float64))
         if not damped and np.all(np.abs(step) <= options.tolerance * sd):
             converged = True
             break
