@@ -99,9 +99,9 @@ def _final_states(kernel, X, y, num_chains, num_warmup, seed=0):
 def test_exact_matches_enumeration_gaussian_draw(tiny):
     """variant='exact', fast path, exact Gaussian draw of the active block, J = 3 < p."""
     X, y = tiny
-    kernel = nsg.SparseAsync(tiny_model, "exact", update_size=3)
+    kernel = nsg.SparseAsync(tiny_model, variant="exact", update_size=3)
     rows, _ = _final_states(kernel, X, y, 2000, 60)
-    assert kernel.uses_fast_path and kernel._inner_kind == "gaussian"
+    assert kernel.uses_fast_path and kernel.inner_kind == "gaussian"
     pval, cells = _chi_square(rows, X, y)
     print("chi-square p-value", pval, "cells", cells)
     assert cells >= 10
@@ -111,9 +111,9 @@ def test_exact_matches_enumeration_gaussian_draw(tiny):
 def test_exact_matches_enumeration_dense_mala(tiny):
     """variant='exact', dense generic path (an extra continuous site), MALA inner step."""
     X, y = tiny
-    kernel = nsg.SparseAsync(tiny_model_intercept, "exact", update_size=4, step_size=0.05)
+    kernel = nsg.SparseAsync(tiny_model_intercept, 0.05, variant="exact", update_size=4)
     rows, mcmc = _final_states(kernel, X, y, 2000, 150, seed=1)
-    assert not kernel.uses_fast_path and kernel._inner_kind == "mala"
+    assert not kernel.uses_fast_path and kernel.inner_kind == "mala"
     pval, cells = _chi_square(rows, X, y, intercept=True)
     print("chi-square p-value", pval, "cells", cells)
     assert cells >= 10
@@ -127,8 +127,10 @@ def test_async_with_one_update_and_second_order_is_exact(tiny, point, path):
     Alg. 2 must match the enumeration too: a check of G, of the point and of Q's sign, on the
     fast path (Gaussian draws) and on the dense path (MALA, Hessian-vector products)."""
     X, y = tiny
-    kernel = nsg.SparseAsync(tiny_model, "async", update_size=1, taylor="second", async_point=point,
-                             fast_path=path, step_size=0.05)
+    # the fast path draws the active block exactly (no step size); the dense path uses MALA
+    step_size = 0.05 if path == "generic" else None
+    kernel = nsg.SparseAsync(tiny_model, step_size, variant="async", update_size=1, taylor="second",
+                             async_point=point, fast_path=path)
     rows, _ = _final_states(kernel, X, y, 2000, 150, seed=2)
     assert kernel.uses_fast_path == (path == "auto")
     pval, cells = _chi_square(rows, X, y)
@@ -142,7 +144,7 @@ def test_async_relative_error_close_to_exact():
     X, y, truth = ds.simulate_sparse_linear(100, num_data=100, seed=3)
     errs, sizes = {}, {}
     for variant in ("exact", "async"):
-        kernel = nsg.SparseAsync(ds.sparse_async_linear_model, variant, update_size=10)
+        kernel = nsg.SparseAsync(ds.sparse_async_linear_model, variant=variant, update_size=10)
         mcmc = MCMC(kernel, num_warmup=150, num_samples=200, progress_bar=False)
         mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("model_size",))
         errs[variant] = relative_error(mcmc, truth, last=200)
@@ -160,13 +162,13 @@ def test_sgld_and_mala_on_logistic():
     init = {"theta": jnp.asarray(truth), "delta": jnp.asarray((truth != 0).astype(np.int32))}
     out = {}
     for variant, kw in (("async", {}), ("sgld", {"subsample_size": 100})):
-        kernel = nsg.SparseAsync(ds.sparse_async_logistic_model, variant, update_size=10, **kw)
+        kernel = nsg.SparseAsync(ds.sparse_async_logistic_model, variant=variant, update_size=10, **kw)
         mcmc = MCMC(kernel, num_warmup=150, num_samples=200, progress_bar=False)
         mcmc.run(jax.random.PRNGKey(0), X, y, init_params=init, extra_fields=("accept_rate",))
         out[variant] = relative_error(mcmc, truth, last=200)
         if variant == "async":
             acc = float(np.mean(mcmc.get_extra_fields()["accept_rate"]))
-            assert kernel._inner_kind == "mala" and kernel._taylor == "sensitive"
+            assert kernel.inner_kind == "mala" and kernel.taylor_kind == "sensitive"
             assert 0.3 < acc < 0.7, acc  # Robbins–Monro toward 0.5 during warmup
     print(out)
     # measured: async 0.264, sgld 0.268 (exact, MALA: 0.264 — compared in the benchmark)
@@ -182,12 +184,12 @@ def test_sgld_variant_fast_and_dense_agree_and_chain_methods(tiny):
     X, y = tiny
     probs = {}
     for path, method in (("auto", "parallel"), ("generic", "vectorized")):
-        kernel = nsg.SparseAsync(tiny_model, "sgld", update_size=4, step_size=0.01, subsample_size=10,
+        kernel = nsg.SparseAsync(tiny_model, 0.01, variant="sgld", update_size=4, subsample_size=10,
                                  fast_path=path)
         mcmc = MCMC(kernel, num_warmup=150, num_samples=300, num_chains=2, chain_method=method,
                     progress_bar=False)
         mcmc.run(jax.random.PRNGKey(3), X, y)
-        assert kernel.uses_fast_path == (path == "auto") and kernel._taylor == "first"
+        assert kernel.uses_fast_path == (path == "auto") and kernel.taylor_kind == "first"
         probs[path] = inclusion_probabilities(mcmc)
         print(path, np.round(probs[path], 2))
         assert probs[path][[0, 5]].min() > probs[path][[3, 4, 6, 7]].max() + 0.15, probs
@@ -236,7 +238,7 @@ def test_robbins_monro_direction():
 
 def test_outputs_fields_and_summary(tiny):
     X, y = tiny
-    kernel = nsg.SparseAsync(tiny_model, "async", update_size=4)
+    kernel = nsg.SparseAsync(tiny_model, variant="async", update_size=4)
     mcmc = MCMC(kernel, num_warmup=50, num_samples=200, num_chains=2, chain_method="vectorized",
                 progress_bar=False, jit_model_args=True)
     mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("model_size",))
@@ -265,7 +267,7 @@ def test_model_without_plate_and_relative_error_helper(tiny):
         th = numpyro.sample("theta", dist.Normal(0.0, jnp.where(d == 1, SLAB, SPIKE)).to_event(1))
         numpyro.sample("y", dist.Normal(X @ (th * d), SIGMA).to_event(1), obs=y)
 
-    kernel = nsg.SparseAsync(model, "async", update_size=8)
+    kernel = nsg.SparseAsync(model, variant="async", update_size=8)
     mcmc = MCMC(kernel, num_warmup=20, num_samples=50, num_chains=2, chain_method="sequential",
                 progress_bar=False)
     mcmc.run(jax.random.PRNGKey(1), X, y)
@@ -314,13 +316,13 @@ def test_bad_inputs(tiny):
     with pytest.raises(ValueError, match=r"update_size must lie in \[1, p\] = \[1, 8\]"):
         _run(nsg.SparseAsync(tiny_model, update_size=9), X, y)
     with pytest.raises(ValueError, match="variant must be"):
-        nsg.SparseAsync(tiny_model, "hogwild")
+        nsg.SparseAsync(tiny_model, variant="hogwild")
     with pytest.raises(ValueError, match="taylor must be"):
         nsg.SparseAsync(tiny_model, taylor="third")
     with pytest.raises(ValueError, match="coefficient='nope' is not a latent site"):
         _run(nsg.SparseAsync(tiny_model, coefficient="nope"), X, y)
     with pytest.raises(ValueError, match="variant='sgld' needs a subsample plate"):
-        _run(nsg.SparseAsync(tiny_model_intercept, "sgld"), X, y)
+        _run(nsg.SparseAsync(tiny_model_intercept, variant="sgld"), X, y)
     Xl = (X > 0).astype(np.float32)
     with pytest.raises(ValueError, match="inner='gaussian' needs"):
         _run(nsg.SparseAsync(ds.sparse_async_logistic_model, inner="gaussian"), X, Xl[:, 0])
@@ -332,7 +334,7 @@ def test_bad_inputs(tiny):
 def test_max_active_overflow_is_an_error(tiny):
     X, y = tiny
     big = (X @ np.ones(8)).astype(np.float32) * 3  # every variable wants in
-    kernel = nsg.SparseAsync(tiny_model, "async", update_size=8, max_active=3)
+    kernel = nsg.SparseAsync(tiny_model, variant="async", update_size=8, max_active=3)
     with pytest.raises(Exception, match="max_active = 3"):
         MCMC(kernel, num_warmup=20, num_samples=5, progress_bar=False).run(jax.random.PRNGKey(0), X, big)
 
@@ -344,7 +346,7 @@ def test_paper_linear_p1000(correlation):
     X, y, truth = ds.simulate_sparse_linear(1000, correlation=correlation, seed=0)
     errs = {}
     for variant in ("exact", "async"):
-        kernel = nsg.SparseAsync(ds.sparse_async_linear_model, variant, update_size=100)
+        kernel = nsg.SparseAsync(ds.sparse_async_linear_model, variant=variant, update_size=100)
         mcmc = MCMC(kernel, num_warmup=1000, num_samples=1000, progress_bar=False)
         mcmc.run(jax.random.PRNGKey(0), X, y)
         errs[variant] = relative_error(mcmc, truth)
