@@ -14,7 +14,18 @@ from scipy import stats
 
 import numpyro_sg as nsg
 from numpyro_sg import datasets as ds
-from numpyro_sg.kernels.sparse_async import async_inclusion_logits, draw_subset, robbins_monro
+from numpyro_sg.kernels.sparse_async import (
+    async_inclusion_logits,
+    async_update,
+    compact_active,
+    dense_async_gradient,
+    draw_subset,
+    gaussian_block_draw,
+    glm_async_gradient,
+    robbins_monro,
+    sequential_sweep,
+)
+from numpyro_sg.spike_slab import GLM_FAMILIES
 from numpyro_sg.selection import inclusion_probabilities, relative_error
 
 LOGIT = -0.8  # prior log-odds of inclusion in the tiny problem
@@ -337,6 +348,96 @@ def test_max_active_overflow_is_an_error(tiny):
     kernel = nsg.SparseAsync(tiny_model, variant="async", update_size=8, max_active=3)
     with pytest.raises(Exception, match="max_active = 3"):
         MCMC(kernel, num_warmup=20, num_samples=5, progress_bar=False).run(jax.random.PRNGKey(0), X, big)
+
+
+def test_step_size_is_the_second_argument_and_inapplicable_options_raise(tiny):
+    """SparseAsync(model, step_size, *, variant=…): an option the chosen variant (or the STEP 1
+    move that inner='auto' picks) does not use is an error, not silently ignored."""
+    X, y = tiny
+    kernel = nsg.SparseAsync(tiny_model, 0.05, inner="mala")
+    assert kernel.step_size == 0.05 and kernel.variant == "async"
+    with pytest.raises(ValueError, match="variant is keyword-only"):
+        nsg.SparseAsync(tiny_model, "exact")  # the old positional variant
+    for kw in ({"subsample_size": 10}, {"replace": True}):
+        for variant in ("exact", "async"):
+            with pytest.raises(ValueError, match="applies to variant='sgld'"):
+                nsg.SparseAsync(tiny_model, variant=variant, **kw)
+    for kw in ({"taylor": "first"}, {"async_point": "current"}):
+        with pytest.raises(ValueError, match="applies to the asynchronous update"):
+            nsg.SparseAsync(tiny_model, variant="exact", **kw)
+    for kw in ({"adapt_step_size": True}, {"target_accept_prob": 0.6}):
+        with pytest.raises(ValueError, match="applies to the MALA step"):
+            nsg.SparseAsync(tiny_model, 0.01, variant="sgld", **kw)
+    with pytest.raises(ValueError, match="inner applies to variant='exact' and 'async'"):
+        nsg.SparseAsync(tiny_model, variant="sgld", inner="mala")
+    for kw in ({}, {"adapt_step_size": True}, {"target_accept_prob": 0.6}):
+        args = (0.1,) if not kw else ()
+        with pytest.raises(ValueError, match="exact Gaussian draw"):
+            nsg.SparseAsync(tiny_model, *args, inner="gaussian", **kw)
+    # inner='auto' picks the exact Gaussian draw here (known at init): a step size is an error
+    with pytest.raises(ValueError, match="chosen by inner='auto'"):
+        _run(nsg.SparseAsync(tiny_model, 0.1), X, y)
+    with pytest.raises(ValueError, match="max_active applies to the GLM fast path"):
+        nsg.SparseAsync(tiny_model, max_active=4, fast_path="generic")
+    with pytest.raises(ValueError, match="max_active applies to the GLM fast path, which does not"):
+        _run(nsg.SparseAsync(tiny_model_intercept, max_active=4), X, y)
+    with pytest.raises(ValueError, match="adapt_step_size=False turns it off"):
+        nsg.SparseAsync(tiny_model, inner="mala", adapt_step_size=False, target_accept_prob=0.6)
+    with pytest.raises(ValueError, match="target_accept_prob must lie in"):
+        nsg.SparseAsync(tiny_model, inner="mala", target_accept_prob=1.5)
+    with pytest.raises(ValueError, match="step_size must be positive"):
+        nsg.SparseAsync(tiny_model, -0.1, inner="mala")
+    # options that apply are accepted
+    nsg.SparseAsync(tiny_model, 0.01, variant="sgld", subsample_size=10, replace=False)
+    nsg.SparseAsync(tiny_model, 0.05, variant="exact", inner="mala", adapt_step_size=False)
+    nsg.SparseAsync(tiny_model, variant="async", taylor="second", async_point="excluded", max_active=4)
+
+
+def test_hyperparameters_live_in_the_state_and_step_is_pure(tiny):
+    """ε lives in ``state.hyper`` (one value per vectorised chain via replace_hyperparameters,
+    which restarts the current ε from it); ``step`` is a pure function of the state (same state,
+    same result); the Robbins–Monro adaptation runs during warmup only.  Checked to fail
+    without ``_refresh`` and with adaptation after warmup."""
+    X, y = tiny
+    kernel = nsg.SparseAsync(tiny_model, 0.05, inner="mala", update_size=3)
+    assert kernel.HYPERPARAMETERS == ("step_size",)
+    state = kernel.init(jax.random.split(jax.random.PRNGKey(0), 3), 100, None, (X, y), {})
+    np.testing.assert_allclose(state.hyper.step_size, 0.05)
+    np.testing.assert_allclose(state.step_size, 0.05)
+    arms = jnp.asarray([1e-3, 1e-2, 1e-1])
+    state = kernel.replace_hyperparameters(state, step_size=arms)
+    np.testing.assert_allclose(state.hyper.step_size, arms)
+    np.testing.assert_allclose(state.step_size, arms)
+    step = jax.jit(jax.vmap(kernel.step, in_axes=(0, None, None)))
+    a, b = step(state, (X, y), {}), step(state, (X, y), {})
+    for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+    expected = robbins_monro(arms, a.accept_rate, 0, 0.5)  # warmup: adapted from each arm's ε
+    np.testing.assert_allclose(a.step_size, expected, rtol=1e-5)
+    late = step(state._replace(i=jnp.full((3,), 100, jnp.int32)), (X, y), {})
+    np.testing.assert_allclose(late.step_size, arms, rtol=1e-6)  # after warmup: fixed
+    one = kernel.replace_hyperparameters(jax.tree.map(lambda x: x[0], state), step_size=0.2)
+    assert float(one.step_size) == pytest.approx(0.2) and float(one.hyper.step_size) == pytest.approx(0.2)
+
+
+def test_mamba_tunes_the_sgld_step_size_over_vectorised_arms(tiny):
+    """nsg.mamba drives SA-SGLD arms as one vmapped batch of the pure step with each arm's ε in
+    the state: the arm with ε = 1000 diverges (its own ε reached its chains: measured, within
+    62 iterations on 64 seeds), a stable one wins.
+    MAMBA with a discrete site needs an array of KSD scales (no Laplace approximation)."""
+    X, y = tiny
+    make = functools.partial(nsg.SparseAsync, tiny_model, variant="sgld", update_size=4,
+                             subsample_size=10)
+    res = nsg.mamba(make, {"step_size": [1e-3, 1e-2, 1e3]}, (X, y), time_budget=1.0,
+                    rng_key=jax.random.PRNGKey(0), preconditioner=np.ones(8), score_draws=100)
+    print(res.rounds)
+    assert res.batches == [[0, 1, 2]]
+    rounds = res.rounds
+    assert rounds.loc[rounds.step_size == 1e3, "diverged"].all()
+    assert not rounds.loc[rounds.step_size < 1.0, "diverged"].any()
+    assert res.best_params["step_size"] in (1e-3, 1e-2)
+    assert {"theta", "delta", "beta"} <= set(res.idata.posterior.data_vars)
+    assert np.all(np.isfinite(res.idata.sample_stats["ksd"]))
 
 
 @pytest.mark.slow
