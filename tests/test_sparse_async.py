@@ -1,6 +1,7 @@
 """SparseAsync (paper 003, SPEC §6): exactness of Alg. 1 against enumeration, Alg. 2/3 accuracy,
 the building blocks, outputs and input errors.  Long runs: ``-m slow`` and benchmarks/."""
 
+import functools
 import itertools
 
 import jax
@@ -245,6 +246,146 @@ def test_draw_subset_distinct_and_uniform():
 
 def test_robbins_monro_direction():
     assert float(robbins_monro(0.1, 0.9, 0)) > 0.1 > float(robbins_monro(0.1, 0.1, 0))
+
+
+def test_gaussian_block_draw_matches_the_conditional_and_ignores_padding():
+    """Draws have the closed-form mean P⁻¹b and covariance P⁻¹ (float64); padded coordinates
+    (mask False, junk columns and prior) are 0 and leave the real ones' law unchanged.
+    Checked to fail with the noise scaled by 1.5 and with the padding's columns left in."""
+    rng = np.random.default_rng(5)
+    n, k, pad, T = 12, 3, 2, 20_000
+    X = rng.normal(size=(n, k + pad))
+    w, r = rng.uniform(0.5, 2.0, n), rng.normal(size=n)
+    mu, s = rng.normal(size=k + pad), rng.uniform(0.5, 1.5, k + pad)
+    Xk, muk, sk = X[:, :k], mu[:k], s[:k]
+    cov = np.linalg.inv(np.diag(1 / sk**2) + Xk.T @ (w[:, None] * Xk))
+    mean = cov @ (muk / sk**2 + Xk.T @ (w * r))
+    mask = np.arange(k + pad) < k
+    args = [jnp.asarray(a, jnp.float32) for a in (X, w, r, mu, s)]
+    keys = jax.random.split(jax.random.PRNGKey(0), T)
+    u = np.asarray(jax.vmap(lambda key: gaussian_block_draw(key, *args, mask))(keys), np.float64)
+    assert np.all(u[:, k:] == 0)
+    sd = np.sqrt(np.diag(cov))
+    np.testing.assert_allclose(u[:, :k].mean(0), mean, atol=4.5 * sd.max() / np.sqrt(T))
+    np.testing.assert_allclose(np.cov(u[:, :k].T), cov, atol=0.05 * np.diag(cov).max())
+    # no mask: the same law for a block without padding
+    Xa, wa, ra, mua, sa = args
+    v = np.asarray(jax.vmap(lambda key: gaussian_block_draw(key, Xa[:, :k], wa, ra, mua[:k], sa[:k]))(keys))
+    np.testing.assert_allclose(np.cov(v.T), cov, atol=0.05 * np.diag(cov).max())
+
+
+def test_sequential_sweep_matches_enumeration():
+    """One sweep over 3 binary indicators of a target that is not a product (a random log
+    table over {0,1}³), in the order (2, 0, 1) from δ = (1, 0, 1): the law of the final δ is
+    the product of the successive conditionals, enumerated in float64.  Checked to fail
+    (p = 0) when every update reads the initial carry instead of the updated one."""
+    rng = np.random.default_rng(3)
+    logp = rng.normal(size=8) * 1.5
+    order = np.array([2, 0, 1])
+    weights = jnp.asarray([4, 2, 1])
+    table = jnp.asarray(logp, jnp.float32)
+
+    def conditional(d, t):
+        j = jnp.asarray(order)[t]
+        on, off = d.at[j].set(1), d.at[j].set(0)
+        return table[on @ weights] - table[off @ weights], on, off
+
+    start = np.array([1, 0, 1])
+    exact = np.zeros(8)
+    exact[start @ [4, 2, 1]] = 1.0
+    for j in order:
+        new = np.zeros(8)
+        for s in range(8):
+            bits = [(s >> 2) & 1, (s >> 1) & 1, s & 1]
+            on, off = list(bits), list(bits)
+            on[j], off[j] = 1, 0
+            i_on, i_off = on[0] * 4 + on[1] * 2 + on[2], off[0] * 4 + off[1] * 2 + off[2]
+            q = 1 / (1 + np.exp(-(logp[i_on] - logp[i_off])))
+            new[i_on] += exact[s] * q
+            new[i_off] += exact[s] * (1 - q)
+        exact = new
+    keys = jax.random.split(jax.random.PRNGKey(1), 20_000)
+    final, V = jax.vmap(lambda key: sequential_sweep(key, jnp.asarray(start), conditional, 3))(keys)
+    final, V = np.asarray(final), np.asarray(V)
+    np.testing.assert_array_equal(V, final[:, order])  # each draw is the indicator it set
+    counts = np.bincount(final @ [4, 2, 1], minlength=8)
+    keep = exact * len(final) >= 5
+    obs = np.append(counts[keep], counts[~keep].sum())
+    exp = np.append(exact[keep], exact[~keep].sum()) * len(final)
+    pval = stats.chisquare(obs[exp > 0], exp[exp > 0]).pvalue
+    assert pval > 1e-3, (pval, counts / len(final), exact)
+
+
+def test_async_update_draws_independent_bernoullis():
+    """V_j ~ Bernoulli(sigmoid(logit q̃_j)) independently: frequencies and a pairwise joint
+    frequency within 4.5 sd.  Checked to fail when one uniform is shared by all coordinates."""
+    lo = jnp.asarray([-1.0, 0.5, 1.5, 0.0])
+    th, G = jnp.asarray([0.3, -0.8, 0.1, 1.2]), jnp.asarray([1.0, 0.4, -2.0, -0.9])
+    q = np.asarray(jax.nn.sigmoid(async_inclusion_logits(lo, th, G, None, "sensitive")), np.float64)
+    T = 20_000
+    keys = jax.random.split(jax.random.PRNGKey(2), T)
+    V = np.asarray(jax.vmap(lambda key: async_update(key, lo, th, G, None, "sensitive"))(keys))
+    assert V.dtype == np.int32 and set(np.unique(V)) <= {0, 1}
+    assert np.all(np.abs(V.mean(0) - q) < 4.5 * np.sqrt(q * (1 - q) / T))
+    for a, b in ((0, 1), (1, 3), (2, 3)):
+        joint = np.mean(V[:, a] * V[:, b])
+        assert abs(joint - q[a] * q[b]) < 4.5 * np.sqrt(q[a] * q[b] * (1 - q[a] * q[b]) / T), (a, b)
+
+
+@pytest.mark.parametrize("family", ["gaussian", "bernoulli"])
+def test_async_gradients_glm_and_dense_agree(family):
+    """G and H at either evaluation point: the GLM formula (O(n·J) from η) equals autodiff of
+    ℓ(β) (the dense path); for a Gaussian likelihood with J = 1, θ_j·G_j + Q_j ('second') is
+    ℓ₁ − ℓ₀ exactly at both points.  Checked to fail with the two evaluation points swapped."""
+    rng = np.random.default_rng(7)
+    n, p = 25, 6
+    X = jnp.asarray(rng.normal(size=(n, p)), jnp.float32)
+    theta = jnp.asarray(rng.normal(size=p), jnp.float32)
+    delta = jnp.asarray([1, 0, 1, 0, 0, 1], jnp.int32)
+    fam, offset, scale = GLM_FAMILIES[family], 0.3, 2.0
+    params = {"scale": jnp.full((n,), 0.7, jnp.float32)} if family == "gaussian" else {}
+    y = jnp.asarray(rng.normal(size=n) if family == "gaussian" else rng.integers(0, 2, n), jnp.float32)
+
+    def loglik(beta):
+        return scale * jnp.sum(fam.loglik(offset + X @ beta, y, params))
+
+    eta = offset + X @ (theta * delta)
+    for chosen in (jnp.asarray([1, 5, 2]), jnp.asarray([4]), jnp.asarray([0])):
+        for point in ("current", "excluded"):
+            G1, H1 = glm_async_gradient(X[:, chosen], eta, theta[chosen], delta[chosen], fam, y, params,
+                                        scale, second=True, point=point)
+            G2, H2 = dense_async_gradient(loglik, theta, delta, chosen, second=True, point=point)
+            np.testing.assert_allclose(G1, G2, rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(H1, H2, rtol=1e-4, atol=1e-4)
+            if family == "gaussian" and chosen.shape[0] == 1:
+                j = int(chosen[0])
+                on, off = theta * delta.at[j].set(1), theta * delta.at[j].set(0)
+                got = async_inclusion_logits(0.0, theta[chosen], G1, H1, "second", point)
+                np.testing.assert_allclose(float(got[0]), float(loglik(on) - loglik(off)), rtol=1e-4)
+
+
+def test_compact_active_matches_a_reference():
+    """Survivors in their order, then newcomers in the order chosen, padded with p; the count
+    includes an overflow beyond m.  Checked to fail when survivors switched off are kept."""
+    rng = np.random.default_rng(0)
+    p, m = 20, 8
+    for trial in range(60):
+        old = rng.random(p) < 0.25
+        old_idx = rng.permutation(np.flatnonzero(old))[:m]  # any order
+        old[:] = False
+        old[old_idx] = True
+        active = np.full(m, p, np.int32)
+        active[: len(old_idx)] = old_idx
+        chosen = rng.choice(p, size=6, replace=False).astype(np.int32)
+        V = rng.integers(0, 2, 6)
+        delta = old.astype(np.int32)
+        delta[chosen] = V
+        added = (old[chosen] == 0) & (V == 1)
+        got, count = compact_active(jnp.asarray(active), jnp.asarray(delta), jnp.asarray(chosen),
+                                    jnp.asarray(added))
+        expected = [j for j in active if j < p and delta[j] == 1] + list(chosen[added])
+        assert int(count) == len(expected) == delta.sum()
+        np.testing.assert_array_equal(np.asarray(got), (expected + [p] * m)[:m])
 
 
 def test_outputs_fields_and_summary(tiny):
