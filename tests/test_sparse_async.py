@@ -26,8 +26,8 @@ from numpyro_sg.kernels.sparse_async import (
     robbins_monro,
     sequential_sweep,
 )
-from numpyro_sg.spike_slab import GLM_FAMILIES
 from numpyro_sg.selection import inclusion_probabilities, relative_error
+from numpyro_sg.spike_slab import GLM_FAMILIES
 
 LOGIT = -0.8  # prior log-odds of inclusion in the tiny problem
 SLAB, SPIKE, SIGMA = 1.0, 0.3, 1.0  # a wide spike mixes fast; π(δ | y) does not depend on it

@@ -61,9 +61,10 @@ those functions, with the hyperparameter ε in the state (:class:`SparseAsyncHyp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -72,7 +73,14 @@ from jax import lax, random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import constrain_fn
 
-from numpyro_sg.kernels.base import SGKernel, all_finite, check_choice, check_positive, jit_with_data, split_init_key
+from numpyro_sg.kernels.base import (
+    SGKernel,
+    all_finite,
+    check_choice,
+    check_positive,
+    jit_with_data,
+    split_init_key,
+)
 from numpyro_sg.kernels.moves import freeze, langevin_move, mala_step
 from numpyro_sg.minibatch import Minibatcher, check_data_finite, full_data, with_indices
 from numpyro_sg.model_info import trace_model
@@ -86,17 +94,17 @@ from numpyro_sg.spike_slab import (
 
 __all__ = [
     "SparseAsync",
-    "SparseAsyncState",
     "SparseAsyncHyper",
-    "draw_subset",
-    "gaussian_block_draw",
-    "sequential_sweep",
-    "glm_async_gradient",
-    "dense_async_gradient",
+    "SparseAsyncState",
     "async_inclusion_logits",
     "async_update",
     "compact_active",
+    "dense_async_gradient",
+    "draw_subset",
+    "gaussian_block_draw",
+    "glm_async_gradient",
     "robbins_monro",
+    "sequential_sweep",
 ]
 
 _VARIANTS = ("exact", "async", "sgld")
@@ -687,7 +695,9 @@ def _adapted_step_size(plan, state, accept_prob, num_warmup):
 # set-up
 # -------------------------------------------------------------------------------------------
 def _check_int(name, value, hint=""):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be an int ≥ 1{hint}, got {value!r}.")
 
 
@@ -750,8 +760,8 @@ def _check_options(variant, step_size, update_size, inner, taylor, async_point, 
                                  "from the exact q_j.")
     if max_active is not None and fast_path == "generic":
         raise ValueError("max_active applies to the GLM fast path; fast_path='generic' turns it off.")
-    given = dict(step_size=step_size, adapt_step_size=adapt_step_size,
-                 target_accept_prob=target_accept_prob)
+    given = {"step_size": step_size, "adapt_step_size": adapt_step_size,
+             "target_accept_prob": target_accept_prob}
     kind = "sgld" if variant == "sgld" else (inner if inner != "auto" else None)
     _check_step_options(kind, given)
 
@@ -932,7 +942,7 @@ class SparseAsync(SGKernel):
         self.adapt_step_size = adapt_step_size
         self.target_accept_prob = target_accept_prob
         self.fast_path = fast_path
-        self._sites = dict(indicator=indicator, coefficient=coefficient)
+        self._sites = {"indicator": indicator, "coefficient": coefficient}
         self._effective_name = effective_name
         self._plan = None  # static metadata resolved at init (a _Plan)
         self._normal = None  # the fast path's CoordinateNormal prior, passed to the initial states
@@ -1043,15 +1053,15 @@ class SparseAsync(SGKernel):
         family = ss.glm.family_name if ss.glm is not None else None
         inner = _resolve_inner(self.variant, self.inner, why is None and family == "gaussian", why, family)
         if self.inner == "auto":
-            given = dict(step_size=self.step_size, adapt_step_size=self.adapt_step_size,
-                         target_accept_prob=self.target_accept_prob)
+            given = {"step_size": self.step_size, "adapt_step_size": self.adapt_step_size,
+                     "target_accept_prob": self.target_accept_prob}
             _check_step_options(inner, given, why=", chosen by inner='auto'")
         if self.max_active is not None and why is not None:
             raise ValueError(f"max_active applies to the GLM fast path, which does not apply here: {why}.")
         m = min(p, 256) if self.max_active is None else min(int(self.max_active), p)
+        taylor = self.taylor or ("first" if family == "gaussian" else "sensitive")
         plan = _Plan(
-            ss=ss, variant=self.variant, inner=inner,
-            taylor=None if self.variant == "exact" else (self.taylor or ("first" if family == "gaussian" else "sensitive")),
+            ss=ss, variant=self.variant, inner=inner, taylor=None if self.variant == "exact" else taylor,
             point=self.async_point or "current", update_size=J, max_active=m, buckets=_bucket_sizes(m),
             fast=why is None, adapt=inner == "mala" and self.adapt_step_size is not False,
             target=0.5 if self.target_accept_prob is None else float(self.target_accept_prob),
