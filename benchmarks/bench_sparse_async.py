@@ -42,7 +42,7 @@ from numpyro_sg.selection import relative_error
 
 
 def _per_iteration(variant, X, y, truth, repeats=2, short=100, long=400, J=100, seed=0):
-    kernel = nsg.SparseAsync(ds.sparse_async_linear_model, variant, update_size=J)
+    kernel = nsg.SparseAsync(ds.sparse_async_linear_model, variant=variant, update_size=J)
     args = (jnp.asarray(X), jnp.asarray(y))
     # start at the true support so that |δ| ≈ 10 in every configuration
     init = {"theta": jnp.asarray(truth), "delta": jnp.asarray((truth != 0).astype(np.int32))}
@@ -86,7 +86,7 @@ def speed(repeats):
 
 
 def _run(model, variant, X, y, seed, init=None, **kw):
-    kernel = nsg.SparseAsync(model, variant, update_size=100, **kw)
+    kernel = nsg.SparseAsync(model, variant=variant, update_size=100, **kw)
     mcmc = MCMC(kernel, num_warmup=1000, num_samples=1000, progress_bar=False)
     t = time.perf_counter()
     mcmc.run(jax.random.PRNGKey(seed), X, y, init_params=init, extra_fields=("model_size",))

@@ -46,7 +46,7 @@ def main(argv=None):
         init = None
     half = a.iterations // 2
     for variant, kw in runs:
-        kernel = nsg.SparseAsync(model, variant, update_size=a.update_size, **kw)
+        kernel = nsg.SparseAsync(model, variant=variant, update_size=a.update_size, **kw)
         mcmc = MCMC(kernel, num_warmup=half, num_samples=a.iterations - half, progress_bar=False)
         t = time.perf_counter()
         mcmc.run(jax.random.PRNGKey(a.seed), X, y, init_params=init, extra_fields=("model_size",))

@@ -1,6 +1,7 @@
 """SparseAsync (paper 003, SPEC §6): exactness of Alg. 1 against enumeration, Alg. 2/3 accuracy,
 the building blocks, outputs and input errors.  Long runs: ``-m slow`` and benchmarks/."""
 
+import functools
 import itertools
 
 import jax
@@ -14,8 +15,19 @@ from scipy import stats
 
 import numpyro_sg as nsg
 from numpyro_sg import datasets as ds
-from numpyro_sg.kernels.sparse_async import async_inclusion_logits, draw_subset, robbins_monro
+from numpyro_sg.kernels.sparse_async import (
+    async_inclusion_logits,
+    async_update,
+    compact_active,
+    dense_async_gradient,
+    draw_subset,
+    gaussian_block_draw,
+    glm_async_gradient,
+    robbins_monro,
+    sequential_sweep,
+)
 from numpyro_sg.selection import inclusion_probabilities, relative_error
+from numpyro_sg.spike_slab import GLM_FAMILIES
 
 LOGIT = -0.8  # prior log-odds of inclusion in the tiny problem
 SLAB, SPIKE, SIGMA = 1.0, 0.3, 1.0  # a wide spike mixes fast; π(δ | y) does not depend on it
@@ -99,9 +111,9 @@ def _final_states(kernel, X, y, num_chains, num_warmup, seed=0):
 def test_exact_matches_enumeration_gaussian_draw(tiny):
     """variant='exact', fast path, exact Gaussian draw of the active block, J = 3 < p."""
     X, y = tiny
-    kernel = nsg.SparseAsync(tiny_model, "exact", update_size=3)
+    kernel = nsg.SparseAsync(tiny_model, variant="exact", update_size=3)
     rows, _ = _final_states(kernel, X, y, 2000, 60)
-    assert kernel.uses_fast_path and kernel._inner_kind == "gaussian"
+    assert kernel.uses_fast_path and kernel.inner_kind == "gaussian"
     pval, cells = _chi_square(rows, X, y)
     print("chi-square p-value", pval, "cells", cells)
     assert cells >= 10
@@ -111,9 +123,9 @@ def test_exact_matches_enumeration_gaussian_draw(tiny):
 def test_exact_matches_enumeration_dense_mala(tiny):
     """variant='exact', dense generic path (an extra continuous site), MALA inner step."""
     X, y = tiny
-    kernel = nsg.SparseAsync(tiny_model_intercept, "exact", update_size=4, step_size=0.05)
+    kernel = nsg.SparseAsync(tiny_model_intercept, 0.05, variant="exact", update_size=4)
     rows, mcmc = _final_states(kernel, X, y, 2000, 150, seed=1)
-    assert not kernel.uses_fast_path and kernel._inner_kind == "mala"
+    assert not kernel.uses_fast_path and kernel.inner_kind == "mala"
     pval, cells = _chi_square(rows, X, y, intercept=True)
     print("chi-square p-value", pval, "cells", cells)
     assert cells >= 10
@@ -127,8 +139,10 @@ def test_async_with_one_update_and_second_order_is_exact(tiny, point, path):
     Alg. 2 must match the enumeration too: a check of G, of the point and of Q's sign, on the
     fast path (Gaussian draws) and on the dense path (MALA, Hessian-vector products)."""
     X, y = tiny
-    kernel = nsg.SparseAsync(tiny_model, "async", update_size=1, taylor="second", async_point=point,
-                             fast_path=path, step_size=0.05)
+    # the fast path draws the active block exactly (no step size); the dense path uses MALA
+    step_size = 0.05 if path == "generic" else None
+    kernel = nsg.SparseAsync(tiny_model, step_size, variant="async", update_size=1, taylor="second",
+                             async_point=point, fast_path=path)
     rows, _ = _final_states(kernel, X, y, 2000, 150, seed=2)
     assert kernel.uses_fast_path == (path == "auto")
     pval, cells = _chi_square(rows, X, y)
@@ -142,7 +156,7 @@ def test_async_relative_error_close_to_exact():
     X, y, truth = ds.simulate_sparse_linear(100, num_data=100, seed=3)
     errs, sizes = {}, {}
     for variant in ("exact", "async"):
-        kernel = nsg.SparseAsync(ds.sparse_async_linear_model, variant, update_size=10)
+        kernel = nsg.SparseAsync(ds.sparse_async_linear_model, variant=variant, update_size=10)
         mcmc = MCMC(kernel, num_warmup=150, num_samples=200, progress_bar=False)
         mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("model_size",))
         errs[variant] = relative_error(mcmc, truth, last=200)
@@ -160,13 +174,13 @@ def test_sgld_and_mala_on_logistic():
     init = {"theta": jnp.asarray(truth), "delta": jnp.asarray((truth != 0).astype(np.int32))}
     out = {}
     for variant, kw in (("async", {}), ("sgld", {"subsample_size": 100})):
-        kernel = nsg.SparseAsync(ds.sparse_async_logistic_model, variant, update_size=10, **kw)
+        kernel = nsg.SparseAsync(ds.sparse_async_logistic_model, variant=variant, update_size=10, **kw)
         mcmc = MCMC(kernel, num_warmup=150, num_samples=200, progress_bar=False)
         mcmc.run(jax.random.PRNGKey(0), X, y, init_params=init, extra_fields=("accept_rate",))
         out[variant] = relative_error(mcmc, truth, last=200)
         if variant == "async":
             acc = float(np.mean(mcmc.get_extra_fields()["accept_rate"]))
-            assert kernel._inner_kind == "mala" and kernel._taylor == "sensitive"
+            assert kernel.inner_kind == "mala" and kernel.taylor_kind == "sensitive"
             assert 0.3 < acc < 0.7, acc  # Robbins–Monro toward 0.5 during warmup
     print(out)
     # measured: async 0.264, sgld 0.268 (exact, MALA: 0.264 — compared in the benchmark)
@@ -182,12 +196,12 @@ def test_sgld_variant_fast_and_dense_agree_and_chain_methods(tiny):
     X, y = tiny
     probs = {}
     for path, method in (("auto", "parallel"), ("generic", "vectorized")):
-        kernel = nsg.SparseAsync(tiny_model, "sgld", update_size=4, step_size=0.01, subsample_size=10,
+        kernel = nsg.SparseAsync(tiny_model, 0.01, variant="sgld", update_size=4, subsample_size=10,
                                  fast_path=path)
         mcmc = MCMC(kernel, num_warmup=150, num_samples=300, num_chains=2, chain_method=method,
                     progress_bar=False)
         mcmc.run(jax.random.PRNGKey(3), X, y)
-        assert kernel.uses_fast_path == (path == "auto") and kernel._taylor == "first"
+        assert kernel.uses_fast_path == (path == "auto") and kernel.taylor_kind == "first"
         probs[path] = inclusion_probabilities(mcmc)
         print(path, np.round(probs[path], 2))
         assert probs[path][[0, 5]].min() > probs[path][[3, 4, 6, 7]].max() + 0.15, probs
@@ -234,9 +248,149 @@ def test_robbins_monro_direction():
     assert float(robbins_monro(0.1, 0.9, 0)) > 0.1 > float(robbins_monro(0.1, 0.1, 0))
 
 
+def test_gaussian_block_draw_matches_the_conditional_and_ignores_padding():
+    """Draws have the closed-form mean P⁻¹b and covariance P⁻¹ (float64); padded coordinates
+    (mask False, junk columns and prior) are 0 and leave the real ones' law unchanged.
+    Checked to fail with the noise scaled by 1.5 and with the padding's columns left in."""
+    rng = np.random.default_rng(5)
+    n, k, pad, T = 12, 3, 2, 20_000
+    X = rng.normal(size=(n, k + pad))
+    w, r = rng.uniform(0.5, 2.0, n), rng.normal(size=n)
+    mu, s = rng.normal(size=k + pad), rng.uniform(0.5, 1.5, k + pad)
+    Xk, muk, sk = X[:, :k], mu[:k], s[:k]
+    cov = np.linalg.inv(np.diag(1 / sk**2) + Xk.T @ (w[:, None] * Xk))
+    mean = cov @ (muk / sk**2 + Xk.T @ (w * r))
+    mask = np.arange(k + pad) < k
+    args = [jnp.asarray(a, jnp.float32) for a in (X, w, r, mu, s)]
+    keys = jax.random.split(jax.random.PRNGKey(0), T)
+    u = np.asarray(jax.vmap(lambda key: gaussian_block_draw(key, *args, mask))(keys), np.float64)
+    assert np.all(u[:, k:] == 0)
+    sd = np.sqrt(np.diag(cov))
+    np.testing.assert_allclose(u[:, :k].mean(0), mean, atol=4.5 * sd.max() / np.sqrt(T))
+    np.testing.assert_allclose(np.cov(u[:, :k].T), cov, atol=0.05 * np.diag(cov).max())
+    # no mask: the same law for a block without padding
+    Xa, wa, ra, mua, sa = args
+    v = np.asarray(jax.vmap(lambda key: gaussian_block_draw(key, Xa[:, :k], wa, ra, mua[:k], sa[:k]))(keys))
+    np.testing.assert_allclose(np.cov(v.T), cov, atol=0.05 * np.diag(cov).max())
+
+
+def test_sequential_sweep_matches_enumeration():
+    """One sweep over 3 binary indicators of a target that is not a product (a random log
+    table over {0,1}³), in the order (2, 0, 1) from δ = (1, 0, 1): the law of the final δ is
+    the product of the successive conditionals, enumerated in float64.  Checked to fail
+    (p = 0) when every update reads the initial carry instead of the updated one."""
+    rng = np.random.default_rng(3)
+    logp = rng.normal(size=8) * 1.5
+    order = np.array([2, 0, 1])
+    weights = jnp.asarray([4, 2, 1])
+    table = jnp.asarray(logp, jnp.float32)
+
+    def conditional(d, t):
+        j = jnp.asarray(order)[t]
+        on, off = d.at[j].set(1), d.at[j].set(0)
+        return table[on @ weights] - table[off @ weights], on, off
+
+    start = np.array([1, 0, 1])
+    exact = np.zeros(8)
+    exact[start @ [4, 2, 1]] = 1.0
+    for j in order:
+        new = np.zeros(8)
+        for s in range(8):
+            bits = [(s >> 2) & 1, (s >> 1) & 1, s & 1]
+            on, off = list(bits), list(bits)
+            on[j], off[j] = 1, 0
+            i_on, i_off = on[0] * 4 + on[1] * 2 + on[2], off[0] * 4 + off[1] * 2 + off[2]
+            q = 1 / (1 + np.exp(-(logp[i_on] - logp[i_off])))
+            new[i_on] += exact[s] * q
+            new[i_off] += exact[s] * (1 - q)
+        exact = new
+    keys = jax.random.split(jax.random.PRNGKey(1), 20_000)
+    final, V = jax.vmap(lambda key: sequential_sweep(key, jnp.asarray(start), conditional, 3))(keys)
+    final, V = np.asarray(final), np.asarray(V)
+    np.testing.assert_array_equal(V, final[:, order])  # each draw is the indicator it set
+    counts = np.bincount(final @ [4, 2, 1], minlength=8)
+    keep = exact * len(final) >= 5
+    obs = np.append(counts[keep], counts[~keep].sum())
+    exp = np.append(exact[keep], exact[~keep].sum()) * len(final)
+    pval = stats.chisquare(obs[exp > 0], exp[exp > 0]).pvalue
+    assert pval > 1e-3, (pval, counts / len(final), exact)
+
+
+def test_async_update_draws_independent_bernoullis():
+    """V_j ~ Bernoulli(sigmoid(logit q̃_j)) independently: frequencies and a pairwise joint
+    frequency within 4.5 sd.  Checked to fail when one uniform is shared by all coordinates."""
+    lo = jnp.asarray([-1.0, 0.5, 1.5, 0.0])
+    th, G = jnp.asarray([0.3, -0.8, 0.1, 1.2]), jnp.asarray([1.0, 0.4, -2.0, -0.9])
+    q = np.asarray(jax.nn.sigmoid(async_inclusion_logits(lo, th, G, None, "sensitive")), np.float64)
+    T = 20_000
+    keys = jax.random.split(jax.random.PRNGKey(2), T)
+    V = np.asarray(jax.vmap(lambda key: async_update(key, lo, th, G, None, "sensitive"))(keys))
+    assert V.dtype == np.int32 and set(np.unique(V)) <= {0, 1}
+    assert np.all(np.abs(V.mean(0) - q) < 4.5 * np.sqrt(q * (1 - q) / T))
+    for a, b in ((0, 1), (1, 3), (2, 3)):
+        joint = np.mean(V[:, a] * V[:, b])
+        assert abs(joint - q[a] * q[b]) < 4.5 * np.sqrt(q[a] * q[b] * (1 - q[a] * q[b]) / T), (a, b)
+
+
+@pytest.mark.parametrize("family", ["gaussian", "bernoulli"])
+def test_async_gradients_glm_and_dense_agree(family):
+    """G and H at either evaluation point: the GLM formula (O(n·J) from η) equals autodiff of
+    ℓ(β) (the dense path); for a Gaussian likelihood with J = 1, θ_j·G_j + Q_j ('second') is
+    ℓ₁ − ℓ₀ exactly at both points.  Checked to fail with the two evaluation points swapped."""
+    rng = np.random.default_rng(7)
+    n, p = 25, 6
+    X = jnp.asarray(rng.normal(size=(n, p)), jnp.float32)
+    theta = jnp.asarray(rng.normal(size=p), jnp.float32)
+    delta = jnp.asarray([1, 0, 1, 0, 0, 1], jnp.int32)
+    fam, offset, scale = GLM_FAMILIES[family], 0.3, 2.0
+    params = {"scale": jnp.full((n,), 0.7, jnp.float32)} if family == "gaussian" else {}
+    y = jnp.asarray(rng.normal(size=n) if family == "gaussian" else rng.integers(0, 2, n), jnp.float32)
+
+    def loglik(beta):
+        return scale * jnp.sum(fam.loglik(offset + X @ beta, y, params))
+
+    eta = offset + X @ (theta * delta)
+    for chosen in (jnp.asarray([1, 5, 2]), jnp.asarray([4]), jnp.asarray([0])):
+        for point in ("current", "excluded"):
+            G1, H1 = glm_async_gradient(X[:, chosen], eta, theta[chosen], delta[chosen], fam, y, params,
+                                        scale, second=True, point=point)
+            G2, H2 = dense_async_gradient(loglik, theta, delta, chosen, second=True, point=point)
+            np.testing.assert_allclose(G1, G2, rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(H1, H2, rtol=1e-4, atol=1e-4)
+            if family == "gaussian" and chosen.shape[0] == 1:
+                j = int(chosen[0])
+                on, off = theta * delta.at[j].set(1), theta * delta.at[j].set(0)
+                got = async_inclusion_logits(0.0, theta[chosen], G1, H1, "second", point)
+                np.testing.assert_allclose(float(got[0]), float(loglik(on) - loglik(off)), rtol=1e-4)
+
+
+def test_compact_active_matches_a_reference():
+    """Survivors in their order, then newcomers in the order chosen, padded with p; the count
+    includes an overflow beyond m.  Checked to fail when survivors switched off are kept."""
+    rng = np.random.default_rng(0)
+    p, m = 20, 8
+    for trial in range(60):
+        old = rng.random(p) < 0.25
+        old_idx = rng.permutation(np.flatnonzero(old))[:m]  # any order
+        old[:] = False
+        old[old_idx] = True
+        active = np.full(m, p, np.int32)
+        active[: len(old_idx)] = old_idx
+        chosen = rng.choice(p, size=6, replace=False).astype(np.int32)
+        V = rng.integers(0, 2, 6)
+        delta = old.astype(np.int32)
+        delta[chosen] = V
+        added = (old[chosen] == 0) & (V == 1)
+        got, count = compact_active(jnp.asarray(active), jnp.asarray(delta), jnp.asarray(chosen),
+                                    jnp.asarray(added))
+        expected = [j for j in active if j < p and delta[j] == 1] + list(chosen[added])
+        assert int(count) == len(expected) == delta.sum()
+        np.testing.assert_array_equal(np.asarray(got), (expected + [p] * m)[:m])
+
+
 def test_outputs_fields_and_summary(tiny):
     X, y = tiny
-    kernel = nsg.SparseAsync(tiny_model, "async", update_size=4)
+    kernel = nsg.SparseAsync(tiny_model, variant="async", update_size=4)
     mcmc = MCMC(kernel, num_warmup=50, num_samples=200, num_chains=2, chain_method="vectorized",
                 progress_bar=False, jit_model_args=True)
     mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("model_size",))
@@ -265,7 +419,7 @@ def test_model_without_plate_and_relative_error_helper(tiny):
         th = numpyro.sample("theta", dist.Normal(0.0, jnp.where(d == 1, SLAB, SPIKE)).to_event(1))
         numpyro.sample("y", dist.Normal(X @ (th * d), SIGMA).to_event(1), obs=y)
 
-    kernel = nsg.SparseAsync(model, "async", update_size=8)
+    kernel = nsg.SparseAsync(model, variant="async", update_size=8)
     mcmc = MCMC(kernel, num_warmup=20, num_samples=50, num_chains=2, chain_method="sequential",
                 progress_bar=False)
     mcmc.run(jax.random.PRNGKey(1), X, y)
@@ -314,13 +468,13 @@ def test_bad_inputs(tiny):
     with pytest.raises(ValueError, match=r"update_size must lie in \[1, p\] = \[1, 8\]"):
         _run(nsg.SparseAsync(tiny_model, update_size=9), X, y)
     with pytest.raises(ValueError, match="variant must be"):
-        nsg.SparseAsync(tiny_model, "hogwild")
+        nsg.SparseAsync(tiny_model, variant="hogwild")
     with pytest.raises(ValueError, match="taylor must be"):
         nsg.SparseAsync(tiny_model, taylor="third")
     with pytest.raises(ValueError, match="coefficient='nope' is not a latent site"):
         _run(nsg.SparseAsync(tiny_model, coefficient="nope"), X, y)
     with pytest.raises(ValueError, match="variant='sgld' needs a subsample plate"):
-        _run(nsg.SparseAsync(tiny_model_intercept, "sgld"), X, y)
+        _run(nsg.SparseAsync(tiny_model_intercept, variant="sgld"), X, y)
     Xl = (X > 0).astype(np.float32)
     with pytest.raises(ValueError, match="inner='gaussian' needs"):
         _run(nsg.SparseAsync(ds.sparse_async_logistic_model, inner="gaussian"), X, Xl[:, 0])
@@ -332,9 +486,99 @@ def test_bad_inputs(tiny):
 def test_max_active_overflow_is_an_error(tiny):
     X, y = tiny
     big = (X @ np.ones(8)).astype(np.float32) * 3  # every variable wants in
-    kernel = nsg.SparseAsync(tiny_model, "async", update_size=8, max_active=3)
+    kernel = nsg.SparseAsync(tiny_model, variant="async", update_size=8, max_active=3)
     with pytest.raises(Exception, match="max_active = 3"):
         MCMC(kernel, num_warmup=20, num_samples=5, progress_bar=False).run(jax.random.PRNGKey(0), X, big)
+
+
+def test_step_size_is_the_second_argument_and_inapplicable_options_raise(tiny):
+    """SparseAsync(model, step_size, *, variant=…): an option the chosen variant (or the STEP 1
+    move that inner='auto' picks) does not use is an error, not silently ignored."""
+    X, y = tiny
+    kernel = nsg.SparseAsync(tiny_model, 0.05, inner="mala")
+    assert kernel.step_size == 0.05 and kernel.variant == "async"
+    with pytest.raises(ValueError, match="variant is keyword-only"):
+        nsg.SparseAsync(tiny_model, "exact")  # the old positional variant
+    for kw in ({"subsample_size": 10}, {"replace": True}):
+        for variant in ("exact", "async"):
+            with pytest.raises(ValueError, match="applies to variant='sgld'"):
+                nsg.SparseAsync(tiny_model, variant=variant, **kw)
+    for kw in ({"taylor": "first"}, {"async_point": "current"}):
+        with pytest.raises(ValueError, match="applies to the asynchronous update"):
+            nsg.SparseAsync(tiny_model, variant="exact", **kw)
+    for kw in ({"adapt_step_size": True}, {"target_accept_prob": 0.6}):
+        with pytest.raises(ValueError, match="applies to the MALA step"):
+            nsg.SparseAsync(tiny_model, 0.01, variant="sgld", **kw)
+    with pytest.raises(ValueError, match="inner applies to variant='exact' and 'async'"):
+        nsg.SparseAsync(tiny_model, variant="sgld", inner="mala")
+    for kw in ({}, {"adapt_step_size": True}, {"target_accept_prob": 0.6}):
+        args = (0.1,) if not kw else ()
+        with pytest.raises(ValueError, match="exact Gaussian draw"):
+            nsg.SparseAsync(tiny_model, *args, inner="gaussian", **kw)
+    # inner='auto' picks the exact Gaussian draw here (known at init): a step size is an error
+    with pytest.raises(ValueError, match="chosen by inner='auto'"):
+        _run(nsg.SparseAsync(tiny_model, 0.1), X, y)
+    with pytest.raises(ValueError, match="max_active applies to the GLM fast path"):
+        nsg.SparseAsync(tiny_model, max_active=4, fast_path="generic")
+    with pytest.raises(ValueError, match="max_active applies to the GLM fast path, which does not"):
+        _run(nsg.SparseAsync(tiny_model_intercept, max_active=4), X, y)
+    with pytest.raises(ValueError, match="adapt_step_size=False turns it off"):
+        nsg.SparseAsync(tiny_model, inner="mala", adapt_step_size=False, target_accept_prob=0.6)
+    with pytest.raises(ValueError, match="target_accept_prob must lie in"):
+        nsg.SparseAsync(tiny_model, inner="mala", target_accept_prob=1.5)
+    with pytest.raises(ValueError, match="step_size must be positive"):
+        nsg.SparseAsync(tiny_model, -0.1, inner="mala")
+    # options that apply are accepted
+    nsg.SparseAsync(tiny_model, 0.01, variant="sgld", subsample_size=10, replace=False)
+    nsg.SparseAsync(tiny_model, 0.05, variant="exact", inner="mala", adapt_step_size=False)
+    nsg.SparseAsync(tiny_model, variant="async", taylor="second", async_point="excluded", max_active=4)
+
+
+def test_hyperparameters_live_in_the_state_and_step_is_pure(tiny):
+    """ε lives in ``state.hyper`` (one value per vectorised chain via replace_hyperparameters,
+    which restarts the current ε from it); ``step`` is a pure function of the state (same state,
+    same result); the Robbins–Monro adaptation runs during warmup only.  Checked to fail
+    without ``_refresh`` and with adaptation after warmup."""
+    X, y = tiny
+    kernel = nsg.SparseAsync(tiny_model, 0.05, inner="mala", update_size=3)
+    assert kernel.HYPERPARAMETERS == ("step_size",)
+    state = kernel.init(jax.random.split(jax.random.PRNGKey(0), 3), 100, None, (X, y), {})
+    np.testing.assert_allclose(state.hyper.step_size, 0.05)
+    np.testing.assert_allclose(state.step_size, 0.05)
+    arms = jnp.asarray([1e-3, 1e-2, 1e-1])
+    state = kernel.replace_hyperparameters(state, step_size=arms)
+    np.testing.assert_allclose(state.hyper.step_size, arms)
+    np.testing.assert_allclose(state.step_size, arms)
+    step = jax.jit(jax.vmap(kernel.step, in_axes=(0, None, None)))
+    a, b = step(state, (X, y), {}), step(state, (X, y), {})
+    for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+    expected = robbins_monro(arms, a.accept_rate, 0, 0.5)  # warmup: adapted from each arm's ε
+    np.testing.assert_allclose(a.step_size, expected, rtol=1e-5)
+    late = step(state._replace(i=jnp.full((3,), 100, jnp.int32)), (X, y), {})
+    np.testing.assert_allclose(late.step_size, arms, rtol=1e-6)  # after warmup: fixed
+    one = kernel.replace_hyperparameters(jax.tree.map(lambda x: x[0], state), step_size=0.2)
+    assert float(one.step_size) == pytest.approx(0.2) and float(one.hyper.step_size) == pytest.approx(0.2)
+
+
+def test_mamba_tunes_the_sgld_step_size_over_vectorised_arms(tiny):
+    """nsg.mamba drives SA-SGLD arms as one vmapped batch of the pure step with each arm's ε in
+    the state: the arm with ε = 1000 diverges (its own ε reached its chains: measured, within
+    62 iterations on 64 seeds), a stable one wins.
+    MAMBA with a discrete site needs an array of KSD scales (no Laplace approximation)."""
+    X, y = tiny
+    make = functools.partial(nsg.SparseAsync, tiny_model, variant="sgld", update_size=4,
+                             subsample_size=10)
+    res = nsg.mamba(make, {"step_size": [1e-3, 1e-2, 1e3]}, (X, y), time_budget=1.0,
+                    rng_key=jax.random.PRNGKey(0), preconditioner=np.ones(8), score_draws=100)
+    print(res.rounds)
+    assert res.batches == [[0, 1, 2]]
+    rounds = res.rounds
+    assert rounds.loc[rounds.step_size == 1e3, "diverged"].all()
+    assert not rounds.loc[rounds.step_size < 1.0, "diverged"].any()
+    assert res.best_params["step_size"] in (1e-3, 1e-2)
+    assert {"theta", "delta", "beta"} <= set(res.idata.posterior.data_vars)
+    assert np.all(np.isfinite(res.idata.sample_stats["ksd"]))
 
 
 @pytest.mark.slow
@@ -344,7 +588,7 @@ def test_paper_linear_p1000(correlation):
     X, y, truth = ds.simulate_sparse_linear(1000, correlation=correlation, seed=0)
     errs = {}
     for variant in ("exact", "async"):
-        kernel = nsg.SparseAsync(ds.sparse_async_linear_model, variant, update_size=100)
+        kernel = nsg.SparseAsync(ds.sparse_async_linear_model, variant=variant, update_size=100)
         mcmc = MCMC(kernel, num_warmup=1000, num_samples=1000, progress_bar=False)
         mcmc.run(jax.random.PRNGKey(0), X, y)
         errs[variant] = relative_error(mcmc, truth)

@@ -17,19 +17,24 @@ a = u·log p + ½·log(ρ0/ρ1)).  One iteration:
 * **STEP 1.** Excluded coordinates θ_j (δ_j = 0) are draws from the spike p(θ_j | δ_j = 0);
   the active block [θ]_δ is moved by a kernel invariant for its conditional
   exp(log p([θ]_δ | δ) + ℓ((θ, 0)_δ)): an exact Gaussian draw (``inner="gaussian"``, Gaussian
-  likelihood with known scale, linear predictor X·β), one MALA step (``inner="mala"``), or,
-  for ``variant="sgld"``, one SGLD step on a mini-batch.
-* **STEP 2.** A uniformly random subset J of J = ``update_size`` coordinates is chosen and
-  their indicators are redrawn: ``variant="exact"`` (Alg. 1) sequentially from q_j;
-  ``variant="async"`` (Alg. 2) all in parallel from
+  likelihood with known scale, linear predictor X·β; :func:`gaussian_block_draw`), one MALA
+  step (``inner="mala"``; :func:`numpyro_sg.kernels.moves.mala_step`), or, for
+  ``variant="sgld"``, one SGLD step on a mini-batch
+  (:func:`numpyro_sg.kernels.moves.langevin_move`).
+* **STEP 2.** A uniformly random subset J of J = ``update_size`` coordinates is chosen
+  (:func:`draw_subset`) and their indicators are redrawn: ``variant="exact"`` (Alg. 1)
+  sequentially from q_j (:func:`sequential_sweep`); ``variant="async"`` (Alg. 2) all in
+  parallel (:func:`async_update`) from
   q̃_j = sigmoid(logit π(δ_j=1) + log p(θ_j|1) − log p(θ_j|0) + θ_j·G_j + Q_j) with one gradient
-  G = ∇_β ℓ(β) at β = θ·(δ ∨ 1_J) (``async_point="current"``) or β = θ·ϑ (ϑ = δ with the
-  chosen coordinates off, the paper's eq. (7): ``"excluded"``); ``variant="sgld"`` (Alg. 3)
-  likewise with Ĝ from STEP 1's mini-batch scaled by N/B.
+  G = ∇_β ℓ(β) (:func:`glm_async_gradient`, :func:`dense_async_gradient`) at
+  β = θ·(δ ∨ 1_J) (``async_point="current"``) or β = θ·ϑ (ϑ = δ with the chosen coordinates
+  off, the paper's eq. (7): ``"excluded"``); ``variant="sgld"`` (Alg. 3) likewise with Ĝ
+  from STEP 1's mini-batch scaled by N/B.
 
 Step-size convention (the package's, SPEC §2): θ' = θ + (ε/2)·ĝ(θ) + N(0, ε·I) for both the
 MALA proposal and the SGLD step; paper 003 writes γ with noise √(2γ), so ε = 2γ (its MALA
-γ = 0.01 is ε = 0.02, its SA-SGLD γ = 0.005 is ε = 0.01).
+γ = 0.01 is ε = 0.02, its SA-SGLD γ = 0.005 is ε = 0.01).  The MALA ε is adapted during
+warmup only, by Robbins–Monro (:func:`robbins_monro`).
 
 Lazy spike draws: an excluded θ_j is used by the algorithm only when j is chosen in STEP 2,
 where it is drawn afresh from the spike; at other times its value has no effect on the chain.
@@ -39,16 +44,26 @@ draw).  The returned θ therefore has the law of Alg. 1–3's θ̄ at every draw
 
 **Fast path** (GLM likelihood η = offset + X·β of family Gaussian / Bernoulli / Poisson, Normal
 spike and slab, θ the only continuous site): the active set is a padded index list of static
-size ``max_active``; STEP 1 gathers the size(δ) active columns of X (padded to the next power of
-two, so the cost follows size(δ)), STEP 2 gathers the J chosen columns, so an iteration costs
-O(N·(size(δ) + J)) (plus O(N·size(δ)²) for the exact Gaussian draw), independent of p.  The
-chosen subset is drawn in O(J) (first J distinct values of 2J uniform integers; an exact
-uniform draw of a J-subset).  Otherwise a dense path evaluates the model on the full data
-(mini-batch for ``"sgld"``) for any model of the spike-and-slab form.
+size ``max_active`` (kept by :func:`compact_active`); STEP 1 gathers the size(δ) active columns
+of X (padded to the next power of two, so the cost follows size(δ)), STEP 2 gathers the J chosen
+columns, so an iteration costs O(N·(size(δ) + J)) (plus O(N·size(δ)²) for the exact Gaussian
+draw), independent of p.  The chosen subset is drawn in O(J) (first J distinct values of 2J
+uniform integers; an exact uniform draw of a J-subset).  Otherwise a dense path evaluates the
+model on the full data (mini-batch for ``"sgld"``) for any model of the spike-and-slab form.
+
+Structure: the pure functions of this module (:func:`draw_subset`,
+:func:`gaussian_block_draw`, :func:`sequential_sweep`, :func:`glm_async_gradient`,
+:func:`dense_async_gradient`, :func:`async_inclusion_logits`, :func:`async_update`,
+:func:`compact_active`, :func:`robbins_monro`) hold the maths; :class:`SparseAsync` is the
+NumPyro shell: it finds the model's structure once at ``init`` and its pure ``step`` composes
+those functions, with the hyperparameter ε in the state (:class:`SparseAsyncHyper`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -58,28 +73,45 @@ from jax import lax, random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import constrain_fn
 
-from numpyro_sg.kernels.base import SGKernel, all_finite, jit_with_data, split_init_key
-from numpyro_sg.minibatch import Minibatcher, full_data
+from numpyro_sg.kernels.base import (
+    SGKernel,
+    all_finite,
+    check_choice,
+    check_positive,
+    jit_with_data,
+    split_init_key,
+)
+from numpyro_sg.kernels.moves import freeze, langevin_move, mala_step
+from numpyro_sg.minibatch import Minibatcher, check_data_finite, full_data, with_indices
+from numpyro_sg.model_info import trace_model
 from numpyro_sg.spike_slab import (
+    SpikeSlab,
     SpikeSlabError,
     effective_site_name,
     find_spike_slab,
-    initial_values,
-    site_types,
+    init_to_spike,
 )
 
 __all__ = [
     "SparseAsync",
+    "SparseAsyncHyper",
     "SparseAsyncState",
-    "draw_subset",
     "async_inclusion_logits",
+    "async_update",
+    "compact_active",
+    "dense_async_gradient",
+    "draw_subset",
+    "gaussian_block_draw",
+    "glm_async_gradient",
     "robbins_monro",
+    "sequential_sweep",
 ]
 
 _VARIANTS = ("exact", "async", "sgld")
 _INNERS = ("auto", "gaussian", "mala")
 _TAYLORS = (None, "first", "sensitive", "second")
-_POINTS = ("current", "excluded")
+_POINTS = (None, "current", "excluded")
+_FAST_PATHS = ("auto", "glm", "generic")
 _KEY = "_spike_key"
 
 
@@ -93,6 +125,12 @@ def draw_subset(key, p: int, J: int):
     integers, O(J log J); in the (rare) event of fewer than J distinct values, or for small p,
     an exact ``random.choice`` without replacement (O(p log p)).  Both are exactly uniform: the
     event "J distinct values among 2·J draws" is invariant under relabelling.
+
+    **Example:**
+
+    .. code-block:: python
+
+        chosen = draw_subset(jax.random.PRNGKey(0), 10_000, 100)   # (100,) distinct indices
     """
     if J > p:
         raise ValueError(f"cannot draw {J} distinct coordinates out of p = {p}.")
@@ -114,12 +152,177 @@ def draw_subset(key, p: int, J: int):
     )
 
 
+def gaussian_block_draw(key, X, weights, residual, prior_loc, prior_scale, mask=None):
+    r"""Exact draw of a block u ∈ ℝ^m from its Gaussian conditional (STEP 1, ``inner="gaussian"``).
+
+    The target is a Normal prior per coordinate times a Gaussian likelihood in X·u,
+
+    .. math::
+
+       p(u) \propto \exp\Big(-\sum_k \frac{(u_k-\mu_k)^2}{2 s_k^2}
+                             - \sum_i \frac{w_i}{2}\,(r_i - x_i^\top u)^2\Big)
+       = \mathcal N(P^{-1}b,\; P^{-1}),\quad P = \operatorname{diag}(s^{-2}) + X^\top W X,\;
+       b = \mu/s^2 + X^\top W r,
+
+    drawn as u = P⁻¹b + L⁻ᵀξ with P = L·Lᵀ (Cholesky) and ξ ~ N(0, I).  For the active block of
+    a linear model with noise sd σ: X the active columns, w = 1/σ², r = y − offset, (μ, s) the
+    slab.  ``mask`` (m,) marks the real coordinates of a padded block: the others are 0 on
+    return and do not affect the real ones (their columns and prior are ignored).
+
+    :param key: PRNG key.
+    :param X: (n, m) design columns of the block.
+    :param weights: (n,) likelihood precisions w_i.
+    :param residual: (n,) residuals r_i (observations minus the offset).
+    :param prior_loc: (m,) prior means μ.
+    :param prior_scale: (m,) prior sds s.
+    :param mask: optional (m,) bool, True for the real coordinates.
+    :return: u, shape (m,).
+
+    **Example:**
+
+    .. code-block:: python
+
+        u = gaussian_block_draw(key, X[:, active], jnp.full(N, 1 / sigma**2), y,
+                                jnp.zeros(k), jnp.ones(k))
+    """
+    m = X.shape[1]
+    mask = jnp.ones((m,), bool) if mask is None else jnp.asarray(mask, bool)
+    X = jnp.where(mask[None, :], X, 0.0)
+    sd = jnp.where(mask, prior_scale, 1.0)
+    precision = jnp.diag(1.0 / sd**2) + (X * weights[:, None]).T @ X
+    b = jnp.where(mask, prior_loc / sd**2, 0.0) + X.T @ (weights * residual)
+    L = jnp.linalg.cholesky(precision)
+    mean = jax.scipy.linalg.cho_solve((L, True), b)
+    xi = random.normal(key, (m,), X.dtype)
+    u = mean + jax.scipy.linalg.solve_triangular(L.T, xi, lower=False)
+    return jnp.where(mask, u, 0.0)
+
+
+def sequential_sweep(key, carry, conditional: Callable, num_updates: int):
+    r"""Alg. 1's STEP 2: ``num_updates`` single-site Gibbs updates of binary indicators, in turn.
+
+    For t = 0, …, T−1: ``logit, on, off = conditional(carry, t)`` gives the log-odds of the
+    t-th chosen indicator being 1 given the current ``carry`` (which encodes the other
+    indicators — δ itself, or a linear predictor updated in O(N)) and the carry with it set to
+    1 (``on``) or to 0 (``off``); then v_t ~ Bernoulli(sigmoid(logit)) (key
+    ``fold_in(key, t)``) and carry ← ``on`` if v_t else ``off``.  Each update conditions on
+    the ones before it, so the sweep leaves the joint law of the indicators invariant.
+
+    :param key: PRNG key.
+    :param carry: a pytree: the state the conditionals read.
+    :param conditional: ``(carry, t) -> (logit, carry_on, carry_off)``.
+    :param int num_updates: T.
+    :return: ``(carry, V)`` — the final carry and the T draws V (int32).
+
+    **Example:**
+
+    .. code-block:: python
+
+        def conditional(delta, t):
+            j = chosen[t]
+            on, off = delta.at[j].set(1), delta.at[j].set(0)
+            return log_target(on) - log_target(off), on, off
+
+        delta, V = sequential_sweep(key, delta, conditional, chosen.shape[0])
+    """
+
+    def body(c, t):
+        logit, on, off = conditional(c, t)
+        v = random.bernoulli(random.fold_in(key, t), jax.nn.sigmoid(logit))
+        return jax.tree.map(lambda a, b: jnp.where(v, a, b), on, off), v.astype(jnp.int32)
+
+    return lax.scan(body, carry, jnp.arange(num_updates))
+
+
+def _evaluation_shift(theta_J, delta_J, point):
+    """Change of the chosen β_J from β = θ·δ to the asynchronous evaluation point."""
+    if point == "current":
+        return theta_J * (1 - delta_J)  # every chosen coordinate on at θ_j
+    return -theta_J * delta_J  # every chosen coordinate off
+
+
+def glm_async_gradient(X_J, eta, theta_J, delta_J, family, y, params, scale=1.0, second=False,
+                       point="current"):
+    r"""G_j = ∂ℓ/∂β_j (and H_j = ∂²ℓ/∂β_j²) for the chosen coordinates of a GLM, O(n·J).
+
+    ℓ(β) = scale·Σ_i f(η_i), η = offset + X·β (``family.loglik`` f).  ``eta`` is η at the
+    current β = θ·δ; the evaluation point sets the chosen coordinates of β to θ_J
+    (``point="current"``: all on) or to 0 (``"excluded"``: all off), i.e. η_e = η + X_J·Δ with
+    Δ = θ_J·(1 − δ_J) or −θ_J·δ_J; then G = scale·X_Jᵀ f′(η_e) and H = scale·(X_J²)ᵀ f″(η_e).
+
+    :param X_J: (n, J) columns of the chosen coordinates.
+    :param eta: (n,) linear predictor at the current β.
+    :param theta_J: (J,) coefficients θ_J (fresh spike draws for the excluded ones).
+    :param delta_J: (J,) current indicators.
+    :param family: a :class:`~numpyro_sg.spike_slab.GLMFamily` (``GLM_FAMILIES[name]``).
+    :param y: (n,) observations.
+    :param params: the family's other parameters (``{"scale": σ}`` for the Gaussian).
+    :param scale: N/n for a mini-batch (1 for the full data).
+    :param bool second: also return H (for ``taylor="second"``).
+    :param str point: ``"current"`` or ``"excluded"``.
+    :return: ``(G, H)``, H ``None`` unless ``second``.
+
+    **Example:**
+
+    .. code-block:: python
+
+        G, H = glm_async_gradient(X[:, chosen], X @ (theta * delta), theta[chosen],
+                                  delta[chosen], GLM_FAMILIES["bernoulli"], y, {}, second=True)
+    """
+    eta_e = eta + X_J @ _evaluation_shift(theta_J, delta_J, point)
+    G = scale * (X_J.T @ family.dloglik(eta_e, y, params))
+    H = scale * ((X_J * X_J).T @ family.d2loglik(eta_e, y, params)) if second else None
+    return G, H
+
+
+def dense_async_gradient(loglik: Callable, theta, delta, chosen, second=False, point="current"):
+    r"""G_j = ∂ℓ/∂β_j (and H_j = ∂²ℓ/∂β_j²) for the chosen coordinates, for any likelihood.
+
+    ℓ = ``loglik`` (β ↦ ℓ(β), e.g. the model's log-likelihood in the effective coefficients)
+    is differentiated at β = θ·(δ ∨ 1_J) (``point="current"``) or β = θ·δ·(1 − 1_J)
+    (``"excluded"``); H by one Hessian-vector product per chosen coordinate.
+
+    :param loglik: β (p,) ↦ ℓ(β), a scalar.
+    :param theta: (p,) coefficients.
+    :param delta: (p,) current indicators.
+    :param chosen: (J,) chosen coordinates (distinct).
+    :param bool second: also return H.
+    :param str point: ``"current"`` or ``"excluded"``.
+    :return: ``(G, H)`` of shape (J,), H ``None`` unless ``second``.
+
+    **Example:**
+
+    .. code-block:: python
+
+        G, _ = dense_async_gradient(lambda b: -0.5 * jnp.sum((y - X @ b) ** 2), theta, delta,
+                                    chosen)
+    """
+    shift = _evaluation_shift(theta[chosen], delta[chosen], point)
+    beta = (theta * delta).at[chosen].add(shift)
+    grad_fn = jax.grad(loglik)
+    G = grad_fn(beta)[chosen]
+    H = None
+    if second:
+        def diagonal(j):
+            e = jnp.zeros_like(beta).at[j].set(1.0)
+            return jax.jvp(grad_fn, (beta,), (e,))[1][j]
+
+        H = jax.vmap(diagonal)(chosen)
+    return G, H
+
+
 def async_inclusion_logits(prior_logodds, theta, grad, hess=None, taylor="first", point="current"):
     """logit q̃_j = prior log-odds + θ_j·G_j + Q_j for the chosen coordinates (SPEC §6).
 
     ``taylor="first"``: Q = 0; ``"sensitive"``: Q = ½θ_j²G_j² (paper eq. (6)); ``"second"``:
     Q = ±½θ_j²·abs(∂²ℓ/∂β_j²) (``hess``), + at the point where j is on (``point="current"``) and −
     where it is off (``"excluded"``), so that it is exact for a Gaussian likelihood at either.
+
+    **Example:**
+
+    .. code-block:: python
+
+        logits = async_inclusion_logits(prior_logodds, theta_J, G, H, "second", "current")
     """
     out = prior_logodds + theta * grad
     if taylor == "sensitive":
@@ -130,10 +333,76 @@ def async_inclusion_logits(prior_logodds, theta, grad, hess=None, taylor="first"
     return out
 
 
+def async_update(key, prior_logodds, theta, grad, hess=None, taylor="first", point="current"):
+    r"""Alg. 2/3's STEP 2: the chosen indicators drawn independently, all at once.
+
+    V_j ~ Bernoulli(q̃_j) independently, logit q̃_j = :func:`async_inclusion_logits`
+    (prior log-odds + θ_j·G_j + Q_j), with G (and H) from one gradient at the evaluation point
+    (:func:`glm_async_gradient` or :func:`dense_async_gradient`).
+
+    :return: V, (J,) int32.
+
+    **Example:**
+
+    .. code-block:: python
+
+        G, H = glm_async_gradient(X_J, eta, theta_J, delta_J, family, y, params)
+        V = async_update(key, prior_logodds, theta_J, G, H)   # new δ_J
+    """
+    logits = async_inclusion_logits(prior_logodds, theta, grad, hess, taylor, point)
+    return random.bernoulli(key, jax.nn.sigmoid(logits)).astype(jnp.int32)
+
+
+def compact_active(active, delta, chosen, added):
+    """The padded active-set index list after STEP 2, in O(m + J).
+
+    ``active`` (m,) lists the coordinates that were active (δ_j = 1) before STEP 2, padded with
+    p = ``delta.shape[0]``; ``delta`` (p,) is the indicator after STEP 2; ``chosen`` (J,) the
+    coordinates updated and ``added`` (J,) bool those of them switched on (0 → 1).  The new
+    list holds the survivors (entries of ``active`` still active, in their order), then the
+    newcomers (in the order of ``chosen``), padded with p.  ``count`` is their number; when it
+    exceeds m the list is truncated (an overflow the caller must handle).
+
+    :return: ``(new_active (m,) int32, count int32)``.
+
+    **Example:**
+
+    .. code-block:: python
+
+        delta = delta.at[chosen].set(V)
+        active, count = compact_active(active, delta, chosen, (old_delta_J == 0) & (V == 1))
+    """
+    m, p = active.shape[0], delta.shape[0]
+    keep = (active < p) & (delta.at[active].get(mode="fill", fill_value=0) == 1)
+    candidates = jnp.concatenate([active, chosen.astype(active.dtype)])
+    mask = jnp.concatenate([keep, added])
+    position = jnp.where(mask, jnp.cumsum(mask) - 1, m)
+    new = jnp.full((m,), p, jnp.int32).at[position].set(candidates, mode="drop")
+    return new, jnp.sum(mask).astype(jnp.int32)
+
+
 def robbins_monro(step_size, accept_prob, iteration, target=0.5, rate=0.55):
-    """log ε ← log ε + (k+1)^(−rate)·(α_k − target) (the authors' MALA adaptation)."""
+    """log ε ← log ε + (k+1)^(−rate)·(α_k − target) (the authors' MALA adaptation).
+
+    **Example:**
+
+    .. code-block:: python
+
+        eps = robbins_monro(eps, accept_prob, state.i, target=0.5)
+    """
     gain = (iteration + 1.0) ** (-rate)
     return jnp.exp(jnp.log(step_size) + gain * (accept_prob - target))
+
+
+def _langevin_block_move(kind, key, x, logp_grad_fn, step_size, mask):
+    """STEP 1's gradient move: ``"mala"`` one MALA step, ``"sgld"`` one SGLD step (masked
+    coordinates stay put).  Returns (x', acceptance probability; 1 for SGLD)."""
+    log_density, grad = logp_grad_fn(x)
+    if kind == "mala":
+        res = mala_step(key, x, log_density, grad, logp_grad_fn, step_size, mask)
+        return res.x, res.accept_prob
+    noise = random.normal(random.split(key)[0], jnp.shape(x), x.dtype) * mask
+    return langevin_move(x, grad * mask, step_size, noise, step_size), jnp.ones((), x.dtype)
 
 
 def _norm_logpdf(x, loc, scale):
@@ -149,17 +418,29 @@ def _bucket_sizes(m):
     return tuple(sizes)
 
 
+# -------------------------------------------------------------------------------------------
+# state
+# -------------------------------------------------------------------------------------------
+class SparseAsyncHyper(NamedTuple):
+    """Hyperparameters of :class:`SparseAsync` held in its state: ``step_size`` the base ε of
+    the MALA / SGLD step (the user's or the tuner's value; warmup adaptation starts from it)."""
+
+    step_size: Any
+
+
 class SparseAsyncState(NamedTuple):
     """State of :class:`SparseAsync`.
 
     ``i`` iteration counter (warmup included); ``z`` a dict of the unconstrained continuous
     sites (θ included; excluded θ_j hold stale values, see the module docstring), the indicator
-    δ (int32) and the key of the output's spike draws; ``step_size`` the MALA / SGLD ε;
-    ``accept_rate`` the MALA acceptance probability of this iteration (1 for an exact draw or
-    SGLD); ``model_size`` size(δ); ``active`` the padded list of active coordinates (fast path;
-    a dummy otherwise); ``aux`` per-chain constants of the fast path (prior parameters, offset,
-    observations); ``diverging`` True from the first non-finite state on; ``overflow`` True
-    once size(δ) would exceed ``max_active`` (the chain is frozen and an error is raised).
+    δ (int32) and the key of the output's spike draws; ``step_size`` the current MALA / SGLD ε
+    (Robbins–Monro-adapted during warmup); ``accept_rate`` the MALA acceptance probability of
+    this iteration (1 for an exact draw or SGLD); ``model_size`` size(δ); ``active`` the padded
+    list of active coordinates (fast path; a dummy otherwise); ``aux`` per-chain constants of
+    the fast path (prior parameters, offset, observations, transposed design); ``hyper`` the
+    :class:`SparseAsyncHyper`; ``diverging`` True from the first non-finite state on;
+    ``overflow`` True once size(δ) would exceed ``max_active`` (the chain is frozen and an
+    error is raised).
     """
 
     i: Any
@@ -169,6 +450,7 @@ class SparseAsyncState(NamedTuple):
     model_size: Any
     active: Any
     aux: Any
+    hyper: Any
     diverging: Any
     overflow: Any
     batch_state: Any
@@ -176,22 +458,402 @@ class SparseAsyncState(NamedTuple):
 
 
 class _Aux(NamedTuple):
-    logit_prior: Any
-    spike_loc: Any
-    spike_scale: Any
-    slab_loc: Any
-    slab_scale: Any
+    prior: Any  # the CoordinateNormal spike and slab
     offset: Any
     y: Any
     params: Any
     Xt: Any = None
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """Static metadata of a kernel, resolved at ``init`` from the options and the model."""
+
+    ss: SpikeSlab
+    variant: str
+    inner: str  # "gaussian", "mala" or "sgld"
+    taylor: str | None  # None for "exact"
+    point: str
+    update_size: int  # J
+    max_active: int  # m
+    buckets: tuple
+    fast: bool
+    adapt: bool
+    target: float
+    step_size: float  # initial ε
+    effective_name: str
+
+
+class _GLMView(NamedTuple):
+    """The data rows of one fast-path iteration: ``columns(cols)`` gives X[rows][:, cols]
+    (out-of-range columns are 0), per-datum terms are ``scale * family.loglik(eta, y, params)``."""
+
+    columns: Callable
+    y: Any
+    offset: Any
+    params: Any
+    scale: Any
+
+
+# -------------------------------------------------------------------------------------------
+# one iteration, GLM fast path
+# -------------------------------------------------------------------------------------------
+def _glm_view(plan, mb, state, model_args, model_kwargs, key):
+    aux = state.aux
+    if plan.variant != "sgld":  # all data: columns are contiguous rows of the (p, N) copy
+        def columns(cols):
+            return jnp.take(aux.Xt, cols, axis=0, mode="fill", fill_value=0).T
+
+        return _GLMView(columns, aux.y, aux.offset, aux.params, 1.0), state.batch_state
+    ss = plan.ss
+    X = ss.design_fn(model_args, model_kwargs)({ss.coefficient: state.z[ss.coefficient]})
+    indices, batch_state = mb.draw(key, state.batch_state)
+    rows = indices[ss.plate.name]
+
+    def columns(cols):
+        return X.at[rows[:, None], cols[None, :]].get(mode="fill", fill_value=0)
+
+    params = {k: v[rows] for k, v in aux.params.items()}
+    view = _GLMView(columns, aux.y[rows], aux.offset[rows], params, X.shape[0] / rows.shape[0])
+    return view, batch_state
+
+
+def _glm_block_move(plan, view, aux, theta, active, size, step_size, key):
+    """STEP 1 on the fast path: the active block, padded to a bucket of static size, is moved.
+    Returns (θ, η at β = θ·δ, acceptance probability)."""
+    family = plan.ss.glm.family
+
+    def branch(mb):
+        def move(key):
+            cols = active[:mb]
+            mask = jnp.arange(mb) < size
+            Xa = view.columns(cols)
+            u = jnp.where(mask, theta.at[cols].get(mode="fill", fill_value=0), 0.0)
+            mu = aux.prior.slab_loc.at[cols].get(mode="fill", fill_value=0.0)
+            sd = jnp.where(mask, aux.prior.slab_scale.at[cols].get(mode="fill", fill_value=1.0), 1.0)
+            if plan.inner == "gaussian":
+                w = 1.0 / view.params["scale"] ** 2
+                u = gaussian_block_draw(key, Xa, w, view.y - view.offset, mu, sd, mask)
+                acc = jnp.ones((), u.dtype)
+            else:
+                def logp_grad(v):
+                    eta = view.offset + Xa @ v
+                    lp = jnp.sum(jnp.where(mask, _norm_logpdf(v, mu, sd), 0.0))
+                    lp = lp + view.scale * jnp.sum(family.loglik(eta, view.y, view.params))
+                    g = -(v - mu) / sd**2 + view.scale * (Xa.T @ family.dloglik(eta, view.y, view.params))
+                    return lp, jnp.where(mask, g, 0.0)
+
+                u, acc = _langevin_block_move(plan.inner, key, u, logp_grad, step_size, mask)
+            padded = jnp.zeros((plan.max_active,), u.dtype).at[:mb].set(u)
+            return padded, view.offset + Xa @ u, acc
+
+        return move
+
+    which = jnp.searchsorted(jnp.asarray(plan.buckets), size)
+    u, eta, acc = lax.switch(which, [branch(mb) for mb in plan.buckets], key)
+    return theta.at[active].set(u, mode="drop"), eta, acc
+
+
+def _glm_indicator_update(plan, view, aux, theta, delta, eta, keys):
+    """STEP 2 on the fast path: returns (chosen, their old δ, their θ, their new δ)."""
+    k_sub, k_spike, k_ber = keys
+    J, family = plan.update_size, plan.ss.glm.family
+    chosen = draw_subset(k_sub, theta.shape[0], J)
+    d_J = delta[chosen]
+    prior = jax.tree.map(lambda a: a[chosen], aux.prior)
+    fresh = prior.spike_loc + prior.spike_scale * random.normal(k_spike, (J,), theta.dtype)
+    th_J = jnp.where(d_J == 1, theta[chosen], fresh)
+    lo = (prior.logit_prior + _norm_logpdf(th_J, prior.slab_loc, prior.slab_scale)
+          - _norm_logpdf(th_J, prior.spike_loc, prior.spike_scale))
+    X_J = view.columns(chosen)  # (n, J)
+    if plan.variant == "exact":
+        Xt_J = X_J.T
+
+        def conditional(eta, t):  # O(n): switch coordinate chosen[t] off, then on
+            eta0 = eta - d_J[t] * th_J[t] * Xt_J[t]
+            eta1 = eta0 + th_J[t] * Xt_J[t]
+            ll = family.loglik(eta1, view.y, view.params) - family.loglik(eta0, view.y, view.params)
+            return lo[t] + view.scale * jnp.sum(ll), eta1, eta0
+
+        V = sequential_sweep(k_ber, eta, conditional, J)[1]
+    else:
+        G, H = glm_async_gradient(X_J, eta, th_J, d_J, family, view.y, view.params, view.scale,
+                                  second=plan.taylor == "second", point=plan.point)
+        V = async_update(k_ber, lo, th_J, G, H, plan.taylor, plan.point)
+    return chosen, d_J, th_J, V
+
+
+def _glm_iteration(plan, mb, state, model_args, model_kwargs):
+    ss = plan.ss
+    key, k_sub, k_inner, k_spike, k_ber, k_batch, k_out = random.split(state.rng_key, 7)
+    view, batch_state = _glm_view(plan, mb, state, model_args, model_kwargs, k_batch)
+    theta, delta = state.z[ss.coefficient], state.z[ss.indicator]
+    theta, eta, acc = _glm_block_move(plan, view, state.aux, theta, state.active, state.model_size,
+                                      state.step_size, k_inner)
+    chosen, d_J, th_J, V = _glm_indicator_update(plan, view, state.aux, theta, delta, eta,
+                                                 (k_sub, k_spike, k_ber))
+    delta, theta = delta.at[chosen].set(V), theta.at[chosen].set(th_J)
+    active, count = compact_active(state.active, delta, chosen, (d_J == 0) & (V == 1))
+    new = state._replace(
+        i=state.i + 1, z={ss.coefficient: theta, ss.indicator: delta, _KEY: k_out},
+        accept_rate=acc, model_size=count, active=active, batch_state=batch_state, rng_key=key,
+    )
+    # an overflow of the active list freezes the chain (``sample`` raises as well)
+    frozen = state._replace(i=state.i + 1, rng_key=key, overflow=jnp.array(True))
+    return freeze(count > plan.max_active, frozen, new)
+
+
+# -------------------------------------------------------------------------------------------
+# one iteration, dense path (any model of the spike-and-slab form)
+# -------------------------------------------------------------------------------------------
+def _dense_block_move(plan, unravel, params, delta, indices, step_size, keys, model_args, model_kwargs):
+    """STEP 1: excluded θ from the spike, then one MALA / SGLD step of the other coordinates."""
+    ss = plan.ss
+    k_spike, k_inner = keys
+    values = ss.constrain_fn(model_args, model_kwargs)(params, delta)
+    spike = ss.spike_sample_fn(model_args, model_kwargs)(k_spike, values)
+    params = dict(params)
+    theta = params[ss.coefficient]
+    params[ss.coefficient] = jnp.where(delta == 1, theta, spike.astype(theta.dtype))
+    flat = ravel_pytree(params)[0]
+    mask = {k: jnp.ones_like(v) for k, v in params.items()}
+    mask[ss.coefficient] = delta.astype(flat.dtype)
+    log_density = ss.log_density_fn(model_args, model_kwargs)
+
+    def logp_grad(x):
+        return jax.value_and_grad(lambda x_: log_density(unravel(x_), delta, indices))(x)
+
+    flat, acc = _langevin_block_move(plan.inner, k_inner, flat, logp_grad, step_size,
+                                     ravel_pytree(mask)[0])
+    return unravel(flat), acc
+
+
+def _prior_logodds_fn(ss, values, theta, model_args, model_kwargs):
+    """(j, δ) ↦ log p(δ_j = 1, θ_j | δ_−j) − log p(δ_j = 0, θ_j | δ_−j) from the model's prior."""
+    if ss.per_coordinate_prior:
+        cp = ss.coordinate_prior_fn(model_args, model_kwargs)(values, theta)
+        table = cp.indicator1 - cp.indicator0 + cp.coefficient1 - cp.coefficient0
+        return lambda j, d: table[j]
+    prior = ss.prior_fn(model_args, model_kwargs)
+    return lambda j, d: prior(values, d.at[j].set(1)) - prior(values, d.at[j].set(0))
+
+
+def _dense_indicator_update(plan, values, delta, indices, keys, model_args, model_kwargs):
+    """STEP 2 on the dense path: the new δ."""
+    ss = plan.ss
+    k_sub, k_ber = keys
+    theta = values[ss.coefficient]
+    chosen = draw_subset(k_sub, ss.num_coefficients, plan.update_size)
+    terms = ss.effective_loglik_terms_fn(model_args, model_kwargs)
+
+    def loglik(beta):
+        return jnp.sum(terms(values, beta, indices))
+
+    prior_logodds = _prior_logodds_fn(ss, values, theta, model_args, model_kwargs)
+    if plan.variant == "exact":
+        def conditional(d, t):
+            j = chosen[t]
+            on, off = d.at[j].set(1), d.at[j].set(0)
+            return prior_logodds(j, d) + loglik(theta * on) - loglik(theta * off), on, off
+
+        return sequential_sweep(k_ber, delta, conditional, plan.update_size)[0]
+    G, H = dense_async_gradient(loglik, theta, delta, chosen, plan.taylor == "second", plan.point)
+    lo = jax.vmap(lambda j: prior_logodds(j, delta))(chosen)
+    V = async_update(k_ber, lo, theta[chosen], G, H, plan.taylor, plan.point)
+    return delta.at[chosen].set(V.astype(delta.dtype))
+
+
+def _dense_iteration(plan, mb, unravel, state, model_args, model_kwargs):
+    ss = plan.ss
+    key, k_sub, k_inner, k_spike, k_ber, k_batch, k_out = random.split(state.rng_key, 7)
+    params = {k: v for k, v in state.z.items() if k not in (ss.indicator, _KEY)}
+    delta = state.z[ss.indicator]
+    if plan.variant == "sgld":
+        indices, batch_state = mb.draw(k_batch, state.batch_state)
+    else:
+        indices, batch_state = ss.full_indices(), state.batch_state
+    params, acc = _dense_block_move(plan, unravel, params, delta, indices, state.step_size,
+                                    (k_spike, k_inner), model_args, model_kwargs)
+    values = ss.constrain_fn(model_args, model_kwargs)(params, delta)
+    delta = _dense_indicator_update(plan, values, delta, indices, (k_sub, k_ber), model_args,
+                                    model_kwargs).astype(jnp.int32)
+    return state._replace(
+        i=state.i + 1, z={**params, ss.indicator: delta, _KEY: k_out}, accept_rate=acc,
+        model_size=jnp.sum(delta).astype(jnp.int32), batch_state=batch_state, rng_key=key,
+    )
+
+
+def _adapted_step_size(plan, state, accept_prob, num_warmup):
+    """Robbins–Monro adaptation of the MALA ε toward ``target``, during warmup only."""
+    if not plan.adapt:
+        return state.step_size
+    new = robbins_monro(state.step_size, accept_prob, state.i, plan.target)
+    return jnp.where(state.i < num_warmup, new, state.step_size)
+
+
+# -------------------------------------------------------------------------------------------
+# set-up
+# -------------------------------------------------------------------------------------------
+def _check_int(name, value, hint=""):
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an int ≥ 1{hint}, got {value!r}.")
+
+
+def _check_step_options(kind, given: dict, why: str = ""):
+    """Raise when options of the MALA / SGLD step are given where STEP 1 has none of them."""
+    if kind == "gaussian":
+        bad = [k for k, v in given.items() if v is not None]
+        if bad:
+            raise ValueError(
+                f"{', '.join(bad)} appl{'y' if len(bad) > 1 else 'ies'} to a MALA or SGLD step, but "
+                f"STEP 1 here is the exact Gaussian draw (inner='gaussian'{why}); pass "
+                "inner='mala' to use MALA, or leave them out."
+            )
+    elif kind == "sgld":
+        bad = [k for k in ("adapt_step_size", "target_accept_prob") if given.get(k) is not None]
+        if bad:
+            raise ValueError(
+                f"{', '.join(bad)} appl{'y' if len(bad) > 1 else 'ies'} to the MALA step; the SGLD "
+                "step of variant='sgld' is not adapted (its step_size is kept)."
+            )
+    if given.get("adapt_step_size") is False and given.get("target_accept_prob") is not None:
+        raise ValueError("target_accept_prob applies to the adaptation; adapt_step_size=False turns it off.")
+
+
+def _check_options(variant, step_size, update_size, inner, taylor, async_point, max_active,
+                   adapt_step_size, target_accept_prob, fast_path, subsample_size, replace):
+    """Validate the options of :class:`SparseAsync` and their fit to the variant."""
+    if isinstance(step_size, str):
+        hint = (f"; variant is keyword-only: SparseAsync(model, variant={step_size!r})"
+                if step_size in _VARIANTS else "")
+        raise ValueError(f"step_size (the second positional argument) must be a positive float, "
+                         f"got {step_size!r}{hint}.")
+    if step_size is not None:
+        if np.ndim(step_size) != 0:
+            raise ValueError(f"step_size must be a positive float, got {step_size!r}.")
+        check_positive("step_size", step_size)
+    check_choice("variant", variant, _VARIANTS)
+    _check_int("update_size", update_size, " (and ≤ p)")
+    _check_int("max_active", max_active)
+    check_choice("inner", inner, _INNERS)
+    check_choice("taylor", taylor, _TAYLORS)
+    check_choice("async_point", async_point, _POINTS)
+    check_choice("fast_path", fast_path, _FAST_PATHS)
+    check_choice("adapt_step_size", adapt_step_size, (None, True, False))
+    if target_accept_prob is not None and not 0.0 < target_accept_prob < 1.0:
+        raise ValueError(f"target_accept_prob must lie in (0, 1), got {target_accept_prob!r}.")
+    if variant != "sgld":
+        for name, value in (("subsample_size", subsample_size), ("replace", replace)):
+            if value is not None:
+                raise ValueError(f"{name} applies to variant='sgld' (mini-batches); variant="
+                                 f"{variant!r} uses the full data.")
+    elif inner != "auto":
+        raise ValueError("inner applies to variant='exact' and 'async'; STEP 1 of variant='sgld' "
+                         "is an SGLD step (leave inner out).")
+    if variant == "exact":
+        for name, value in (("taylor", taylor), ("async_point", async_point)):
+            if value is not None:
+                raise ValueError(f"{name} applies to the asynchronous update (variant='async' or "
+                                 "'sgld'); variant='exact' redraws the indicators sequentially "
+                                 "from the exact q_j.")
+    if max_active is not None and fast_path == "generic":
+        raise ValueError("max_active applies to the GLM fast path; fast_path='generic' turns it off.")
+    given = {"step_size": step_size, "adapt_step_size": adapt_step_size,
+             "target_accept_prob": target_accept_prob}
+    kind = "sgld" if variant == "sgld" else (inner if inner != "auto" else None)
+    _check_step_options(kind, given)
+
+
+def _fast_path_reason(ss, fast_path, model_args, model_kwargs):
+    """``(why the GLM fast path does not apply, or None; its CoordinateNormal prior or None)``."""
+    if fast_path == "generic":
+        return "fast_path='generic'", None
+    if ss.glm is None:
+        return "no GLM likelihood (linear predictor X·β) was detected", None
+    if not ss.per_coordinate_prior:
+        return "the prior of the coefficients is not a product over coordinates given the indicator", None
+    if tuple(ss.continuous_sites) != (ss.coefficient,):
+        return (f"the model has continuous sites {list(ss.continuous_sites)} besides the "
+                f"coefficient {ss.coefficient!r}"), None
+    try:
+        zeros = {ss.coefficient: jnp.zeros((ss.num_coefficients,))}
+        return None, ss.coordinate_normal_fn(model_args, model_kwargs)(zeros)
+    except SpikeSlabError as err:
+        return str(err), None
+
+
+def _resolve_inner(variant, inner, gaussian_ok, why, family):
+    """The STEP 1 move: ``"sgld"``, ``"gaussian"`` or ``"mala"``."""
+    if variant == "sgld":
+        return "sgld"
+    if inner == "gaussian" and not gaussian_ok:
+        raise ValueError(
+            "inner='gaussian' needs the GLM fast path with a Gaussian likelihood"
+            + (f" ({why})" if why else f" (the likelihood family is {family!r})") + "; use inner='mala'."
+        )
+    if inner == "auto":
+        return "gaussian" if gaussian_ok else "mala"
+    return inner
+
+
+def _initial_state(plan, mb, params, delta, key, normal, model_args, model_kwargs):
+    """The state of one chain at (params, δ) (pure; jitted with the data as arguments)."""
+    ss = plan.ss
+    p = ss.num_coefficients
+    key, key_batch, key_out = random.split(key, 3)
+    dtype = ravel_pytree(params)[0].dtype
+    if plan.fast:
+        active = jnp.nonzero(delta, size=plan.max_active, fill_value=p)[0].astype(jnp.int32)
+        aux = _glm_constants(plan, normal, params, model_args, model_kwargs)
+    else:
+        active, aux = jnp.zeros((1,), jnp.int32), None
+    return SparseAsyncState(
+        i=jnp.int32(0),
+        z={**params, ss.indicator: delta, _KEY: key_out},
+        step_size=jnp.asarray(plan.step_size, dtype),
+        accept_rate=jnp.ones((), dtype),
+        model_size=jnp.sum(delta).astype(jnp.int32),
+        active=active,
+        aux=aux,
+        hyper=SparseAsyncHyper(jnp.asarray(plan.step_size, jnp.result_type(float))),
+        diverging=jnp.array(False),
+        overflow=jnp.array(False),
+        batch_state=mb.init_batch_state(key_batch) if mb is not None else None,
+        rng_key=key,
+    )
+
+
+def _glm_constants(plan, normal, params, model_args, model_kwargs):
+    """Per-chain constants of the fast path: the Normal spike/slab, offset, y, the family's
+    parameters and (``exact``/``async``) a transposed (p, N) copy of X."""
+    ss = plan.ss
+    values = {ss.coefficient: params[ss.coefficient]}
+    batch = ss.glm_batch_fn(model_args, model_kwargs)(values, jnp.zeros((ss.num_coefficients,)), None)
+    dtype = jnp.result_type(float)
+    # exact/async gather whole columns of X: keep a (p, N) copy so that a column is one
+    # contiguous read (gathering J columns of a row-major (N, p) array is N·J cache misses)
+    Xt = None if plan.variant == "sgld" else jnp.asarray(batch.X).T.copy()
+    return _Aux(
+        prior=jax.tree.map(lambda a: jnp.asarray(a, dtype), normal),
+        offset=jnp.asarray(batch.eta, dtype),
+        y=jnp.asarray(batch.y, dtype),
+        params={k: jnp.asarray(v, dtype) for k, v in batch.params.items()},
+        Xt=Xt,
+    )
+
+
+# -------------------------------------------------------------------------------------------
+# the NumPyro shell
+# -------------------------------------------------------------------------------------------
 class SparseAsync(SGKernel):
     r"""Atchadé & Wang's (asynchronous) spike-and-slab sampler for a NumPyro model.
 
     See :mod:`numpyro_sg.kernels.sparse_async` for the algorithm.  Step-size convention:
     θ' = θ + (ε/2)·ĝ + N(0, ε·I) (MALA proposal and SGLD step); the paper's γ is ε/2.
+    An option that does not apply to the chosen variant (or to the STEP 1 move that
+    ``inner="auto"`` picks) is an error, not silently ignored.
 
     :param model: NumPyro model with an indicator site (Bernoulli, shape (p,)), a coefficient
         site (real, shape (p,), prior per coordinate given the indicator) and a likelihood that
@@ -199,468 +861,251 @@ class SparseAsync(SGKernel):
         :mod:`numpyro_sg.spike_slab`).  ``"exact"`` and ``"async"`` use the full data (a
         subsample plate is run at full size; a model without a plate is accepted);
         ``"sgld"`` needs a subsample plate, whose size is the mini-batch B.
+    :param step_size: ε of the MALA step (``inner="mala"``; adapted during warmup by
+        Robbins–Monro toward acceptance ``target_accept_prob``, rate k^(−0.55)) or of the SGLD
+        step (``variant="sgld"``; fixed).  Default 0.02 for MALA and 0.01 for SGLD (the paper's
+        γ = 0.01 and 0.005).  Held in the state (:class:`SparseAsyncHyper`), so
+        :func:`numpyro_sg.mamba` can tune it over vectorised arms.
     :param str variant: ``"exact"`` (Alg. 1: J indicators updated sequentially from the exact
         q_j — asymptotically exact), ``"async"`` (Alg. 2, default) or ``"sgld"`` (Alg. 3,
         SA-SGLD).
     :param int update_size: J, the number of indicators updated per iteration (1 ≤ J ≤ p;
         default min(100, p), the paper's J = 100).
-    :param step_size: ε of the MALA step (``inner="mala"``; adapted during warmup by
-        Robbins–Monro toward acceptance ``target_accept``, rate k^(−0.55)) or of the SGLD step
-        (fixed).  Default 0.02 for MALA and 0.01 for SGLD (the paper's γ = 0.01 and 0.005).
-    :param str inner: STEP 1 kernel for ``"exact"``/``"async"``: ``"gaussian"`` (exact draw
+    :param str inner: STEP 1 move for ``"exact"``/``"async"``: ``"gaussian"`` (exact draw
         from the Gaussian conditional; Gaussian likelihood with a fixed scale through X·β and a
-        Normal slab), ``"mala"``, or ``"auto"`` (gaussian when it applies, else MALA).
-    :param taylor: Q_j of the asynchronous update: ``"first"`` (Q = 0), ``"sensitive"``
-        (Q = ½θ_j²G_j², the paper's eq. (6)) or ``"second"`` (Q = ½θ_j²·abs(∂²ℓ/∂β_j²), exact for
-        a Gaussian likelihood).  Default ``None``: ``"first"`` for a Gaussian likelihood,
-        ``"sensitive"`` otherwise.  Measured (SPEC §6, linear, p = 1,000, N = 500, J = 100,
-        2,000 iterations): with ϱ = 0 the paper's choice (``taylor="sensitive"``,
-        ``async_point="excluded"``) over-selects (size(δ) 66–89 instead of 10, relative error
-        4× the exact sampler's) while the defaults (Q = 0 at the current point) match the exact
-        sampler; with ϱ = 0.9 Q = ½θ²G² explored best.
-    :param str async_point: where G is evaluated: ``"current"`` (β = θ·(δ ∨ 1_J), every chosen
-        coordinate on at its current value; default, the authors' code) or ``"excluded"``
-        (β = θ·ϑ, the chosen ones off; the paper's text).
+        Normal slab), ``"mala"``, or ``"auto"`` (default: gaussian when it applies, else MALA).
+        Not an option of ``"sgld"``.
+    :param taylor: Q_j of the asynchronous update (``"async"``/``"sgld"``): ``"first"`` (Q = 0),
+        ``"sensitive"`` (Q = ½θ_j²G_j², the paper's eq. (6)) or ``"second"``
+        (Q = ½θ_j²·abs(∂²ℓ/∂β_j²), exact for a Gaussian likelihood).  Default: ``"first"`` for a
+        Gaussian likelihood, ``"sensitive"`` otherwise.  Measured (SPEC §6, linear, p = 1,000,
+        N = 500, J = 100, 2,000 iterations): with ϱ = 0 the paper's choice
+        (``taylor="sensitive"``, ``async_point="excluded"``) over-selects (size(δ) 66–89
+        instead of 10, relative error 4× the exact sampler's) while the defaults (Q = 0 at the
+        current point) match the exact sampler; with ϱ = 0.9 Q = ½θ²G² explored best.
+    :param str async_point: where G is evaluated (``"async"``/``"sgld"``): ``"current"``
+        (default; β = θ·(δ ∨ 1_J), every chosen coordinate on at its current value, the authors'
+        code) or ``"excluded"`` (β = θ·ϑ, the chosen ones off; the paper's text).
     :param int max_active: static size of the active-set index list of the fast path (default
-        min(p, 256)); exceeding it is an error that names this argument.
-    :param bool adapt_step_size: adapt the MALA ε during warmup (default True).
-    :param float target_accept: target MALA acceptance of the adaptation (default 0.5).
+        min(p, 256)); exceeding it is an error that names this argument.  Not an option of
+        the dense path.
+    :param bool adapt_step_size: adapt the MALA ε during warmup (default True; MALA only).
+    :param float target_accept_prob: target MALA acceptance of the adaptation (default 0.5).
     :param indicator: name of the indicator site (found automatically when omitted).
     :param coefficient: name of the coefficient site (found automatically when omitted).
     :param str fast_path: ``"auto"``, ``"glm"`` (require the GLM fast path; an error says why
         it does not apply) or ``"generic"`` (dense evaluation of the model).
     :param effective_name: output name of θ·δ (default ``"beta"``, or ``"<coefficient>_eff"``
         when the model has a non-deterministic ``beta`` site).
+    :param subsample_size: the mini-batch B of ``"sgld"`` (default: the plate's own size).
+    :param bool replace: ``"sgld"`` draws its mini-batch indices with replacement (default)
+        or walks per-epoch permutations (``False``).
     :param init_strategy: NumPyro init strategy of the continuous sites (default: θ from the
         spike, δ = 0; pass ``init_params={..., "delta": δ0}`` to start from another model).
-    :param kwargs: ``subsample_size`` (the mini-batch B of ``"sgld"``), ``replace``,
-        ``check_data``: see :class:`~numpyro_sg.kernels.base.SGKernel`.
+    :param bool check_data: check at ``init`` that the data in the subsample plate are finite.
 
     Output per draw (``mcmc.get_samples()``): θ (excluded coordinates drawn from the spike),
     δ (int32), θ·δ.  Extra fields: ``model_size`` (size(δ)), ``step_size``, ``accept_rate``,
     ``diverging``.
+
+    **Example:**
+
+    .. code-block:: python
+
+        kernel = nsg.SparseAsync(ds.sparse_async_linear_model, variant="async", update_size=100)
+        mcmc = MCMC(kernel, num_warmup=1000, num_samples=1000)
+        mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("model_size",))
+
+        # SA-SGLD on mini-batches of 100, ε = 0.01 (the paper's γ = 0.005)
+        nsg.SparseAsync(ds.sparse_async_logistic_model, 0.01, variant="sgld", subsample_size=100)
     """
 
     State = SparseAsyncState
+    HYPERPARAMETERS = ("step_size",)
 
-    def __init__(
-        self,
-        model,
-        variant: str = "async",
-        update_size: int | None = None,
-        step_size=None,
-        *,
-        inner: str = "auto",
-        taylor: str | None = None,
-        async_point: str = "current",
-        max_active: int | None = None,
-        adapt_step_size: bool = True,
-        target_accept: float = 0.5,
-        indicator: str | None = None,
-        coefficient: str | None = None,
-        fast_path: str = "auto",
-        effective_name: str | None = None,
-        init_strategy=None,
-        **kwargs,
-    ):
-        if variant not in _VARIANTS:
-            raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}.")
-        if update_size is not None and (
-            isinstance(update_size, bool) or not isinstance(update_size, (int, np.integer)) or update_size < 1
-        ):
-            raise ValueError(f"update_size must be an int ≥ 1 (and ≤ p), got {update_size!r}.")
-        if step_size is not None and not (np.ndim(step_size) == 0 and float(step_size) > 0):
-            raise ValueError(f"step_size must be a positive float, got {step_size!r}.")
-        if inner not in _INNERS:
-            raise ValueError(f"inner must be one of {_INNERS}, got {inner!r}.")
-        if taylor not in _TAYLORS:
-            raise ValueError(f"taylor must be one of {_TAYLORS}, got {taylor!r}.")
-        if async_point not in _POINTS:
-            raise ValueError(f"async_point must be one of {_POINTS}, got {async_point!r}.")
-        if max_active is not None and (
-            isinstance(max_active, bool) or not isinstance(max_active, (int, np.integer)) or max_active < 1
-        ):
-            raise ValueError(f"max_active must be an int ≥ 1, got {max_active!r}.")
-        if fast_path not in ("auto", "glm", "generic"):
-            raise ValueError(f"fast_path must be 'auto', 'glm' or 'generic', got {fast_path!r}.")
-        if not 0.0 < target_accept < 1.0:
-            raise ValueError(f"target_accept must lie in (0, 1), got {target_accept!r}.")
-        super().__init__(model, init_strategy=init_strategy, **kwargs)
+    def __init__(self, model, step_size=None, *, variant="async", update_size=None, inner="auto",
+                 taylor=None, async_point=None, max_active=None, adapt_step_size=None,
+                 target_accept_prob=None, indicator=None, coefficient=None, fast_path="auto",
+                 effective_name=None, subsample_size=None, replace=None, init_strategy=None,
+                 check_data=True):
+        _check_options(variant, step_size, update_size, inner, taylor, async_point, max_active,
+                       adapt_step_size, target_accept_prob, fast_path, subsample_size, replace)
+        super().__init__(model, subsample_size=subsample_size, replace=replace is not False,
+                         init_strategy=init_strategy, check_data=check_data)
+        self.step_size = step_size
         self.variant = variant
         self.update_size = update_size
-        self.step_size = step_size
         self.inner = inner
         self.taylor = taylor
         self.async_point = async_point
         self.max_active = max_active
-        self.adapt_step_size = bool(adapt_step_size)
-        self.target_accept = float(target_accept)
-        self._indicator = indicator
-        self._coefficient = coefficient
+        self.adapt_step_size = adapt_step_size
+        self.target_accept_prob = target_accept_prob
         self.fast_path = fast_path
+        self._sites = {"indicator": indicator, "coefficient": coefficient}
         self._effective_name = effective_name
-        self._ss = None
+        self._plan = None  # static metadata resolved at init (a _Plan)
+        self._normal = None  # the fast path's CoordinateNormal prior, passed to the initial states
+        self._setup_leaves = None  # the data the plan was made for
 
-    # -- public metadata ---------------------------------------------------------------------
+    # -- public metadata (known after ``init``) -----------------------------------------------
     @property
     def spike_slab(self):
         """The :class:`~numpyro_sg.spike_slab.SpikeSlab` structure found at ``init``."""
-        return self._ss
+        return None if self._plan is None else self._plan.ss
 
     @property
     def uses_fast_path(self) -> bool:
         """True when the O(N·(size(δ) + J)) GLM path is used (known after ``init``)."""
-        return bool(getattr(self, "_fast", False))
+        return self._plan is not None and self._plan.fast
 
     @property
-    def default_fields(self):
-        return ("z", "diverging")
+    def inner_kind(self) -> str | None:
+        """The STEP 1 move in use: ``"gaussian"``, ``"mala"`` or ``"sgld"`` (after ``init``)."""
+        return None if self._plan is None else self._plan.inner
+
+    @property
+    def taylor_kind(self) -> str | None:
+        """The Q_j of the asynchronous update in use (after ``init``; ``None`` for ``"exact"``)."""
+        return None if self._plan is None else self._plan.taylor
+
+    @property
+    def effective_name(self) -> str | None:
+        """Output name of θ·δ (after ``init``)."""
+        return None if self._plan is None else self._plan.effective_name
 
     def get_diagnostics_str(self, state):
         msg = f"|δ| {int(jnp.max(state.model_size))}"
-        if self._inner_kind == "mala" or self.variant == "sgld":
+        if self.inner_kind in ("mala", "sgld"):
             msg += f", ε {float(jnp.mean(state.step_size)):.2e}, acc. {float(jnp.mean(state.accept_rate)):.2f}"
         if bool(jnp.any(state.diverging)):
             msg += ", DIVERGED"
         return msg
 
-    # -- set-up ------------------------------------------------------------------------------
-    def _setup(self, model_args, model_kwargs):
-        leaves = jax.tree.leaves((model_args, model_kwargs))
-        cached = getattr(self, "_setup_leaves", None)
-        if cached is not None and len(cached) == len(leaves) and all(a is b for a, b in zip(cached, leaves)):
-            return  # same data (e.g. the next chain of chain_method="sequential")
-        self._setup_impl(model_args, model_kwargs)
-        if not any(isinstance(x, jax.core.Tracer) for x in leaves):
-            self._setup_leaves = leaves
-
-    def _setup_impl(self, model_args, model_kwargs):
-        sgld = self.variant == "sgld"
-        ss = find_spike_slab(
-            self._model, model_args, model_kwargs,
-            indicator=self._indicator, coefficient=self._coefficient,
-            subsample_size=self._subsample_size if sgld else None,
-            glm="auto",
-        )
-        self._ss = ss
-        p = ss.num_coefficients
-        J = min(100, p) if self.update_size is None else int(self.update_size)
-        if not 1 <= J <= p:
-            raise ValueError(f"update_size must lie in [1, p] = [1, {p}], got {J}.")
-        self._J = J
-        if sgld:
-            if ss.plate is None:
-                raise ValueError(
-                    "variant='sgld' needs a subsample plate (numpyro.plate('data', N, "
-                    "subsample_size=B)); the model has none. Use variant='async' or 'exact'."
-                )
-            self._mb = Minibatcher(self._model, (ss.plate,), replace=self._replace)
-        else:
-            self._mb = None
-        why = None
-        if ss.glm is None:
-            why = "no GLM likelihood (linear predictor X·β) was detected"
-        elif not ss.per_coordinate_prior:
-            why = "the prior of the coefficients is not a product over coordinates given the indicator"
-        elif tuple(ss.continuous_sites) != (ss.coefficient,):
-            why = (
-                f"the model has continuous sites {list(ss.continuous_sites)} besides the "
-                f"coefficient {ss.coefficient!r}"
-            )
-        else:
-            try:
-                ss.coordinate_normal_fn(model_args, model_kwargs)(
-                    {ss.coefficient: jnp.zeros((p,))}
-                )
-            except SpikeSlabError as e:
-                why = str(e)
-        if self.fast_path == "glm" and why is not None:
-            raise ValueError(f"fast_path='glm' but the GLM fast path does not apply: {why}.")
-        self._fast = self.fast_path != "generic" and why is None
-        fam = ss.glm.family_name if ss.glm is not None else None
-        gaussian_ok = self._fast and fam == "gaussian"
-        if self.inner == "gaussian" and not gaussian_ok and not sgld:
-            raise ValueError(
-                "inner='gaussian' needs the GLM fast path with a Gaussian likelihood"
-                + (f" ({why})" if why else f" (the likelihood family is {fam!r})")
-                + "; use inner='mala'."
-            )
-        if sgld:
-            self._inner_kind = "sgld"
-        elif self.inner == "auto":
-            self._inner_kind = "gaussian" if gaussian_ok else "mala"
-        else:
-            self._inner_kind = self.inner
-        self._taylor = self.taylor or ("first" if fam == "gaussian" else "sensitive")
-        m = min(p, 256) if self.max_active is None else min(int(self.max_active), p)
-        self._m = m
-        self._buckets = _bucket_sizes(m)
-        eps = self.step_size
-        if eps is None:
-            eps = 0.01 if sgld else 0.02
-        self._eps0 = float(eps)
-        existing = site_types(self._model, model_args, model_kwargs)
-        eff = effective_site_name(ss, existing, self._effective_name)
-        self.effective_name = eff
-
     # -- init ----------------------------------------------------------------------------------
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         self._num_warmup = int(num_warmup)
-        # chain_method="parallel" calls init under a trace: run the structural checks eagerly
-        with jax.ensure_compile_time_eval():
-            self._setup(model_args, model_kwargs)
-        ss, p, m = self._ss, self._ss.num_coefficients, self._m
         batched, rng_key, key_init = split_init_key(rng_key)
-        init_params, delta0 = initial_values(
-            ss, key_init, init_params, self._init_strategy, model_args, model_kwargs,
-            num_chains=jnp.shape(rng_key)[0] if batched else None, ignore=(_KEY,),
-        )
-        one_chain = jax.tree.map(lambda x: x[0], init_params) if batched else init_params
-        _, self._unravel = ravel_pytree(one_chain)
-        if not isinstance(delta0, jax.core.Tracer):  # chain_method="parallel" traces init
-            d_np = np.asarray(delta0)
-            if not np.all((d_np == 0) | (d_np == 1)):
-                raise ValueError(f"The initial indicator {ss.indicator!r} must be 0/1.")
-            size0 = int(d_np.reshape(-1, p).sum(-1).max())
-            if self._fast and size0 > m:
-                raise ValueError(
-                    f"The initial indicator {ss.indicator!r} has {size0} active coordinates, "
-                    f"more than max_active = {m}; pass a larger max_active."
-                )
-        delta0 = delta0.astype(jnp.int32)
-
-        def init_one(params, delta, key, model_args, model_kwargs):
-            key, key_batch, key_out = random.split(key, 3)
-            flat = ravel_pytree(params)[0]
-            batch_state = self._mb.init_batch_state(key_batch) if self._mb is not None else None
-            if self._fast:
-                active = jnp.nonzero(delta, size=m, fill_value=p)[0].astype(jnp.int32)
-                aux = self._aux(params, model_args, model_kwargs)
-            else:
-                active = jnp.zeros((1,), jnp.int32)
-                aux = None
-            z = dict(params)
-            z[ss.indicator] = delta
-            z[_KEY] = key_out
-            return SparseAsyncState(
-                i=jnp.int32(0),
-                z=z,
-                step_size=jnp.asarray(self._eps0, flat.dtype),
-                accept_rate=jnp.ones((), flat.dtype),
-                model_size=jnp.sum(delta).astype(jnp.int32),
-                active=active,
-                aux=aux,
-                diverging=jnp.array(False),
-                overflow=jnp.array(False),
-                batch_state=batch_state,
-                rng_key=key,
-            )
-
+        num_chains = jnp.shape(rng_key)[0] if batched else None
+        # chain_method="parallel" calls init under a trace: the structural work stays eager
+        with jax.ensure_compile_time_eval():
+            params, delta = self._prepare(key_init, init_params, num_chains, model_args, model_kwargs)
+        self._check_initial_indicator(delta)
+        _, self._unravel = ravel_pytree(jax.tree.map(lambda x: x[0], params) if batched else params)
+        init_one = partial(_initial_state, self._plan, self._mb)
         if batched:
-            init_one = jax.vmap(init_one, in_axes=(0, 0, 0, None, None))
+            init_one = jax.vmap(init_one, in_axes=(0, 0, 0, None, None, None))
         # the data arrays are arguments, not constants baked into the compiled program
-        state = jit_with_data(init_one, model_args, model_kwargs)(init_params, delta0, rng_key)
+        state = jit_with_data(init_one, model_args, model_kwargs)(
+            params, delta.astype(jnp.int32), rng_key, self._normal)
         self._sample_fn = self.sample
+        self._watch()
         return state
 
-    def _aux(self, params, model_args, model_kwargs):
-        ss = self._ss
-        p = ss.num_coefficients
-        values = {ss.coefficient: params[ss.coefficient]}
-        cn = ss.coordinate_normal_fn(model_args, model_kwargs)(values)
-        batch = ss.glm_batch_fn(model_args, model_kwargs)(values, jnp.zeros((p,)), None)
-        dtype = jnp.result_type(float)
-        # exact/async gather whole columns of X: keep a (p, N) copy so that a column is one
-        # contiguous read (gathering J columns of a row-major (N, p) array is N·J cache misses)
-        Xt = None if self.variant == "sgld" else jnp.asarray(batch.X).T.copy()
-        return _Aux(
-            *(jnp.asarray(a, dtype) for a in cn),
-            offset=jnp.asarray(batch.eta, dtype),
-            y=jnp.asarray(batch.y, dtype),
-            params={k: jnp.asarray(v, dtype) for k, v in batch.params.items()},
-            Xt=Xt,
+    def _prepare(self, key_init, init_params, num_chains, model_args, model_kwargs):
+        """Structure (once per data set: the next chain of ``"sequential"`` reuses it) and the
+        starting values, from one trace of the model (none when both are known)."""
+        leaves = jax.tree.leaves((model_args, model_kwargs))
+        cached = self._setup_leaves is not None and len(self._setup_leaves) == len(leaves) and all(
+            a is b for a, b in zip(self._setup_leaves, leaves))
+        # the GLM family is needed for the fast path and for the default taylor (Gaussian or not)
+        detect = self.fast_path != "generic" or (self.variant != "exact" and self.taylor is None)
+        ss = self._plan.ss if cached else find_spike_slab(
+            self._model, model_args, model_kwargs, **self._sites, glm="auto" if detect else False,
+            subsample_size=self._subsample_size if self.variant == "sgld" else None,
         )
+        params, delta = _split_init_params(ss, init_params)
+        info = None
+        if not (cached and params):
+            strategy = None if params else (self._init_strategy or init_to_spike(coefficient=ss.coefficient))
+            zeros = jnp.zeros((ss.num_coefficients,), jnp.int32)
+            info = trace_model(ss.conditioned(zeros), model_args, model_kwargs,
+                               init_strategy=strategy, rng_key=key_init)
+        if not cached:
+            self._plan, self._normal = self._make_plan(ss, info, model_args, model_kwargs)
+            if not any(isinstance(x, jax.core.Tracer) for x in leaves):
+                self._setup_leaves = leaves
+        if not params:
+            params = info.init_values
+        if delta is None:
+            shape = (ss.num_coefficients,) if num_chains is None else (num_chains, ss.num_coefficients)
+            delta = jnp.zeros(shape, jnp.int32)
+        return params, jnp.asarray(delta)
+
+    def _make_plan(self, ss, info, model_args, model_kwargs):
+        """The static :class:`_Plan` (and the fast path's Normal prior) for one data set."""
+        p, sgld = ss.num_coefficients, self.variant == "sgld"
+        J = min(100, p) if self.update_size is None else int(self.update_size)
+        if not 1 <= J <= p:
+            raise ValueError(f"update_size must lie in [1, p] = [1, {p}], got {J}.")
+        if sgld and ss.plate is None:
+            raise ValueError(
+                "variant='sgld' needs a subsample plate (numpyro.plate('data', N, "
+                "subsample_size=B)); the model has none. Use variant='async' or 'exact'."
+            )
+        if self._check_data and ss.plate is not None:
+            check_data_finite(info, (ss.plate,), model_args, model_kwargs)
+        self._mb = Minibatcher(self._model, (ss.plate,), replace=self._replace) if sgld else None
+        why, normal = _fast_path_reason(ss, self.fast_path, model_args, model_kwargs)
+        if self.fast_path == "glm" and why is not None:
+            raise ValueError(f"fast_path='glm' but the GLM fast path does not apply: {why}.")
+        family = ss.glm.family_name if ss.glm is not None else None
+        inner = _resolve_inner(self.variant, self.inner, why is None and family == "gaussian", why, family)
+        if self.inner == "auto":
+            given = {"step_size": self.step_size, "adapt_step_size": self.adapt_step_size,
+                     "target_accept_prob": self.target_accept_prob}
+            _check_step_options(inner, given, why=", chosen by inner='auto'")
+        if self.max_active is not None and why is not None:
+            raise ValueError(f"max_active applies to the GLM fast path, which does not apply here: {why}.")
+        m = min(p, 256) if self.max_active is None else min(int(self.max_active), p)
+        taylor = self.taylor or ("first" if family == "gaussian" else "sensitive")
+        plan = _Plan(
+            ss=ss, variant=self.variant, inner=inner, taylor=None if self.variant == "exact" else taylor,
+            point=self.async_point or "current", update_size=J, max_active=m, buckets=_bucket_sizes(m),
+            fast=why is None, adapt=inner == "mala" and self.adapt_step_size is not False,
+            target=0.5 if self.target_accept_prob is None else float(self.target_accept_prob),
+            step_size=float(self.step_size if self.step_size is not None else (0.01 if sgld else 0.02)),
+            effective_name=effective_site_name(ss, info.site_types, self._effective_name),
+        )
+        return plan, normal
+
+    def _check_initial_indicator(self, delta):
+        if isinstance(delta, jax.core.Tracer):  # chain_method="parallel" traces init
+            return
+        plan, d = self._plan, np.asarray(delta)
+        if not np.all((d == 0) | (d == 1)):
+            raise ValueError(f"The initial indicator {plan.ss.indicator!r} must be 0/1.")
+        size = int(d.reshape(-1, plan.ss.num_coefficients).sum(-1).max())
+        if plan.fast and size > plan.max_active:
+            raise ValueError(
+                f"The initial indicator {plan.ss.indicator!r} has {size} active coordinates, "
+                f"more than max_active = {plan.max_active}; pass a larger max_active."
+            )
+
+    def _refresh(self, state):
+        """The current ε restarts from the (replaced) base value ``hyper.step_size``."""
+        return state._replace(step_size=jnp.asarray(state.hyper.step_size, jnp.result_type(state.step_size)))
 
     # -- one iteration ---------------------------------------------------------------------------
     def step(self, state, model_args, model_kwargs):
-        if self._fast:
-            new = self._step_fast(state, model_args, model_kwargs)
+        """One iteration of one chain (pure): STEP 1, STEP 2, ε adapted during warmup (MALA);
+        a chain whose continuous state becomes non-finite is frozen (``diverging``)."""
+        plan = self._plan
+        if plan.fast:
+            new = _glm_iteration(plan, self._mb, state, model_args, model_kwargs)
         else:
-            new = self._step_dense(state, model_args, model_kwargs)
+            new = _dense_iteration(plan, self._mb, self._unravel, state, model_args, model_kwargs)
+        new = new._replace(step_size=_adapted_step_size(plan, state, new.accept_rate, self._num_warmup))
         ok = all_finite(ravel_pytree({k: v for k, v in new.z.items() if k != _KEY})[0])
         diverging = state.diverging | ~ok
-        keep = lambda old, nw: jax.tree.map(lambda a, b: jnp.where(diverging, a, b), old, nw)  # noqa: E731
-        return new._replace(
-            z=keep(state.z, new.z),
-            active=keep(state.active, new.active),
-            model_size=keep(state.model_size, new.model_size),
-            diverging=diverging,
-        )
-
-    def _adapt(self, state, accept_prob):
-        if self._inner_kind != "mala" or not self.adapt_step_size:
-            return state.step_size
-        new = robbins_monro(state.step_size, accept_prob, state.i, self.target_accept)
-        return jnp.where(state.i < self._num_warmup, new, state.step_size)
-
-    # ---- fast path -----------------------------------------------------------------------------
-    def _step_fast(self, state, model_args, model_kwargs):
-        ss, p, m, J = self._ss, self._ss.num_coefficients, self._m, self._J
-        coef, ind = ss.coefficient, ss.indicator
-        aux = state.aux
-        fam = ss.glm.family
-        key, k_sub, k_inner, k_spike, k_ber, k_batch, k_out = random.split(state.rng_key, 7)
-        theta, delta = state.z[coef], state.z[ind]
-        if self.variant == "sgld":
-            X = ss.design_fn(model_args, model_kwargs)({coef: theta})
-            N = X.shape[0]
-        else:
-            X, N = None, aux.Xt.shape[1]
-        dtype = theta.dtype
-        eps = state.step_size
-        k = state.model_size
-        active = state.active
-
-        # mini-batch (sgld) or all data
-        if self.variant == "sgld":
-            idx_b, batch_state = self._mb.draw(k_batch, state.batch_state)
-            rows = idx_b[ss.plate.name]
-            scale = N / rows.shape[0]
-            y, offset = aux.y[rows], aux.offset[rows]
-            params = {kk: v[rows] for kk, v in aux.params.items()}
-        else:
-            rows, batch_state, scale = None, state.batch_state, 1.0
-            y, offset, params = aux.y, aux.offset, aux.params
-
-        def columns(cols):
-            if rows is None:
-                return jnp.take(aux.Xt, cols, axis=0, mode="fill", fill_value=0).T
-            return X.at[rows[:, None], cols[None, :]].get(mode="fill", fill_value=0)
-
-        def loglik(eta):
-            return fam.loglik(eta, y, params)
-
-        def dloglik(eta):
-            return fam.dloglik(eta, y, params)
-
-        # STEP 1: active block, padded to a bucket of static size
-        def make_branch(mb):
-            def branch(key):
-                cols = active[:mb]
-                mask = jnp.arange(mb) < k
-                Xa = columns(cols)
-                u = jnp.where(mask, theta.at[cols].get(mode="fill", fill_value=0), 0.0)
-                mu = aux.slab_loc.at[cols].get(mode="fill", fill_value=0.0)
-                sd = jnp.where(mask, aux.slab_scale.at[cols].get(mode="fill", fill_value=1.0), 1.0)
-                if self._inner_kind == "gaussian":
-                    w = 1.0 / params["scale"] ** 2
-                    prec = jnp.diag(1.0 / sd**2) + (Xa * w[:, None]).T @ Xa
-                    b = jnp.where(mask, mu / sd**2, 0.0) + Xa.T @ (w * (y - offset))
-                    L = jnp.linalg.cholesky(prec)
-                    mean = jax.scipy.linalg.cho_solve((L, True), b)
-                    zz = random.normal(key, (mb,), dtype)
-                    u2 = mean + jax.scipy.linalg.solve_triangular(L.T, zz, lower=False)
-                    u2 = jnp.where(mask, u2, 0.0)
-                    acc = jnp.ones((), dtype)
-                else:
-                    def logp_grad(v):
-                        eta = offset + Xa @ v
-                        lp = jnp.sum(jnp.where(mask, _norm_logpdf(v, mu, sd), 0.0)) + scale * jnp.sum(loglik(eta))
-                        g = jnp.where(mask, -(v - mu) / sd**2 + scale * (Xa.T @ dloglik(eta)), 0.0)
-                        return lp, g
-
-                    k_noise, k_acc = random.split(key)
-                    noise = jnp.where(mask, random.normal(k_noise, (mb,), dtype), 0.0)
-                    lp0, g0 = logp_grad(u)
-                    prop = u + 0.5 * eps * g0 + jnp.sqrt(eps) * noise
-                    if self._inner_kind == "sgld":
-                        u2, acc = prop, jnp.ones((), dtype)
-                    else:
-                        lp1, g1 = logp_grad(prop)
-                        fwd = -jnp.sum((prop - u - 0.5 * eps * g0) ** 2) / (2 * eps)
-                        bwd = -jnp.sum((u - prop - 0.5 * eps * g1) ** 2) / (2 * eps)
-                        log_a = lp1 - lp0 + bwd - fwd
-                        log_a = jnp.where(jnp.isfinite(log_a), log_a, -jnp.inf)
-                        acc = jnp.exp(jnp.minimum(log_a, 0.0))
-                        take = random.uniform(k_acc, (), dtype) < acc
-                        u2 = jnp.where(take, prop, u)
-                eta = offset + Xa @ u2
-                u_full = jnp.zeros((m,), dtype).at[:mb].set(u2)
-                return u_full, eta, acc
-
-            return branch
-
-        b_idx = jnp.searchsorted(jnp.asarray(self._buckets), k)
-        u_new, eta_a, acc = lax.switch(b_idx, [make_branch(mb) for mb in self._buckets], k_inner)
-        theta = theta.at[active].set(u_new, mode="drop")
-        step_size = self._adapt(state, acc)
-
-        # STEP 2: J chosen coordinates
-        jj = draw_subset(k_sub, p, J)
-        d_J = delta[jj]
-        zs = random.normal(k_spike, (J,), dtype)
-        th_J = jnp.where(d_J == 1, theta[jj], aux.spike_loc[jj] + aux.spike_scale[jj] * zs)
-        lo = (
-            aux.logit_prior[jj]
-            + _norm_logpdf(th_J, aux.slab_loc[jj], aux.slab_scale[jj])
-            - _norm_logpdf(th_J, aux.spike_loc[jj], aux.spike_scale[jj])
-        )
-        XJ = columns(jj)  # (n, J)
-        if self.variant == "exact":
-            XJt = XJ.T
-
-            def body(eta, t):
-                x, th, d = XJt[t], th_J[t], d_J[t]
-                eta0 = eta - d * th * x
-                eta1 = eta0 + th * x
-                dl = jnp.sum(loglik(eta1) - loglik(eta0))
-                v = random.bernoulli(random.fold_in(k_ber, t), jax.nn.sigmoid(lo[t] + dl))
-                return jnp.where(v, eta1, eta0), v.astype(jnp.int32)
-
-            _, V = lax.scan(body, eta_a, jnp.arange(J))
-        else:
-            if self.async_point == "current":
-                eta_e = eta_a + XJ @ (th_J * (1 - d_J))
-            else:
-                eta_e = eta_a - XJ @ (th_J * d_J)
-            G = scale * (XJ.T @ dloglik(eta_e))
-            H = None
-            if self._taylor == "second":
-                H = scale * ((XJ * XJ).T @ fam.d2loglik(eta_e, y, params))
-            logits = async_inclusion_logits(lo, th_J, G, H, self._taylor, self.async_point)
-            V = random.bernoulli(k_ber, jax.nn.sigmoid(logits)).astype(jnp.int32)
-
-        delta = delta.at[jj].set(V)
-        theta = theta.at[jj].set(th_J)
-        # active list: keep the survivors, append the newcomers, compact (O(m + J))
-        keep = (active < p) & (delta.at[active].get(mode="fill", fill_value=0) == 1)
-        added = (d_J == 0) & (V == 1)
-        cand = jnp.concatenate([active, jj])
-        mask = jnp.concatenate([keep, added])
-        pos = jnp.cumsum(mask) - 1
-        count = jnp.sum(mask).astype(jnp.int32)
-        new_active = jnp.full((m,), p, jnp.int32).at[jnp.where(mask, pos, m)].set(cand, mode="drop")
-        overflow = count > m
-
-        z = {coef: theta, ind: delta, _KEY: k_out}
-        new = state._replace(
-            i=state.i + 1,
-            z=z,
-            step_size=step_size,
-            accept_rate=acc,
-            model_size=count,
-            active=new_active,
-            batch_state=batch_state,
-            rng_key=key,
-        )
-        # an overflow freezes the chain (``sample`` raises as well)
-        frozen = state._replace(i=state.i + 1, rng_key=key, overflow=jnp.array(True))
-        return jax.tree.map(lambda a, b: jnp.where(overflow, a, b), frozen, new)
+        z, active, size = freeze(diverging, (state.z, state.active, state.model_size),
+                                 (new.z, new.active, new.model_size))
+        return new._replace(z=z, active=active, model_size=size, diverging=diverging)
 
     def sample(self, state, model_args, model_kwargs):
         new = super().sample(state, model_args, model_kwargs)
-        if self._fast:  # one check outside any vmap of the chains
+        if self._plan.fast:  # one check outside any vmap of the chains
             newly = jnp.any(new.overflow & ~state.overflow)
             lax.cond(newly, lambda: jax.debug.callback(self._raise_overflow, state.i), lambda: None)
         return new
@@ -668,134 +1113,21 @@ class SparseAsync(SGKernel):
     def _raise_overflow(self, iteration):
         raise ValueError(
             f"SparseAsync: at iteration {int(np.max(iteration)) + 1} the model size "
-            f"size({self._ss.indicator}) would exceed max_active = {self._m} (the static size of "
-            "the active-set index list of the fast path). Pass a larger max_active (cost O(N·max_active) per iteration at "
-            "worst) or fast_path='generic'."
-        )
-
-    # ---- dense path ----------------------------------------------------------------------------
-    def _step_dense(self, state, model_args, model_kwargs):
-        ss, p, J = self._ss, self._ss.num_coefficients, self._J
-        coef, ind = ss.coefficient, ss.indicator
-        key, k_sub, k_inner, k_spike, k_ber, k_batch, k_out = random.split(state.rng_key, 7)
-        z = dict(state.z)
-        delta = z.pop(ind)
-        z.pop(_KEY)
-        params = z
-        unravel = self._unravel
-        flat, _ = ravel_pytree(params)
-        dtype = flat.dtype
-        eps = state.step_size
-        if self.variant == "sgld":
-            indices, batch_state = self._mb.draw(k_batch, state.batch_state)
-        else:
-            indices, batch_state = ss.full_indices(), state.batch_state
-        constrain = ss.constrain_fn(model_args, model_kwargs)
-        log_density = ss.log_density_fn(model_args, model_kwargs)
-
-        # STEP 1: excluded θ from the spike, then MALA / SGLD on the rest
-        values = constrain(params, delta)
-        spike = ss.spike_sample_fn(model_args, model_kwargs)(k_spike, values)
-        params = dict(params)
-        params[coef] = jnp.where(delta == 1, params[coef], spike.astype(dtype))
-        flat = ravel_pytree(params)[0]
-        mask_params = {kk: jnp.ones_like(v) for kk, v in params.items()}
-        mask_params[coef] = delta.astype(dtype)
-        mask = ravel_pytree(mask_params)[0]
-
-        def logp_grad(x):
-            return jax.value_and_grad(lambda x_: log_density(unravel(x_), delta, indices))(x)
-
-        k_noise, k_acc = random.split(k_inner)
-        noise = random.normal(k_noise, flat.shape, dtype) * mask
-        lp0, g0 = logp_grad(flat)
-        g0 = g0 * mask
-        prop = flat + 0.5 * eps * g0 + jnp.sqrt(eps) * noise
-        if self._inner_kind == "sgld":
-            new_flat, acc = prop, jnp.ones((), dtype)
-        else:
-            lp1, g1 = logp_grad(prop)
-            g1 = g1 * mask
-            fwd = -jnp.sum((prop - flat - 0.5 * eps * g0) ** 2) / (2 * eps)
-            bwd = -jnp.sum((flat - prop - 0.5 * eps * g1) ** 2) / (2 * eps)
-            log_a = lp1 - lp0 + bwd - fwd
-            log_a = jnp.where(jnp.isfinite(log_a), log_a, -jnp.inf)
-            acc = jnp.exp(jnp.minimum(log_a, 0.0))
-            new_flat = jnp.where(random.uniform(k_acc, (), dtype) < acc, prop, flat)
-        step_size = self._adapt(state, acc)
-        params = unravel(new_flat)
-        values = constrain(params, delta)
-        theta = values[coef]
-
-        # STEP 2
-        jj = draw_subset(k_sub, p, J)
-        eff = ss.effective_loglik_terms_fn(model_args, model_kwargs)
-
-        def ell(beta):
-            return jnp.sum(eff(values, beta, indices))
-
-        if ss.per_coordinate_prior:
-            cp = ss.coordinate_prior_fn(model_args, model_kwargs)(values, theta)
-            lo_all = cp.indicator1 - cp.indicator0 + cp.coefficient1 - cp.coefficient0
-        else:
-            prior = ss.prior_fn(model_args, model_kwargs)
-            lo_all = None
-
-        def prior_logodds(j, d):
-            if lo_all is not None:
-                return lo_all[j]
-            return prior(values, d.at[j].set(1)) - prior(values, d.at[j].set(0))
-
-        if self.variant == "exact":
-            def body(d, t):
-                j = jj[t]
-                d1, d0 = d.at[j].set(1), d.at[j].set(0)
-                dl = ell(theta * d1) - ell(theta * d0)
-                v = random.bernoulli(random.fold_in(k_ber, t), jax.nn.sigmoid(prior_logodds(j, d) + dl))
-                return jnp.where(v, d1, d0), None
-
-            delta, _ = lax.scan(body, delta, jnp.arange(J))
-        else:
-            chosen = jnp.zeros((p,), delta.dtype).at[jj].set(1)
-            point = jnp.maximum(delta, chosen) if self.async_point == "current" else delta * (1 - chosen)
-            beta = theta * point
-            grad_fn = jax.grad(ell)
-            G = grad_fn(beta)[jj]
-            H = None
-            if self._taylor == "second":
-                def hjj(j):
-                    e = jnp.zeros((p,), beta.dtype).at[j].set(1.0)
-                    return jax.jvp(grad_fn, (beta,), (e,))[1][j]
-
-                H = jax.vmap(hjj)(jj)
-            lo = jax.vmap(lambda j: prior_logodds(j, delta))(jj)
-            logits = async_inclusion_logits(lo, theta[jj], G, H, self._taylor, self.async_point)
-            V = random.bernoulli(k_ber, jax.nn.sigmoid(logits)).astype(delta.dtype)
-            delta = delta.at[jj].set(V)
-
-        z = dict(params)
-        z[ind] = delta.astype(jnp.int32)
-        z[_KEY] = k_out
-        return state._replace(
-            i=state.i + 1,
-            z=z,
-            step_size=step_size,
-            accept_rate=acc,
-            model_size=jnp.sum(delta).astype(jnp.int32),
-            batch_state=batch_state,
-            rng_key=key,
+            f"size({self._plan.ss.indicator}) would exceed max_active = {self._plan.max_active} (the "
+            "static size of the active-set index list of the fast path). Pass a larger max_active "
+            "(cost O(N·max_active) per iteration at worst) or fast_path='generic'."
         )
 
     # -- output --------------------------------------------------------------------------------
     def postprocess_fn(self, model_args, model_kwargs):
         model_kwargs = {} if model_kwargs is None else model_kwargs
-        ss = self._ss
+        ss = self.spike_slab
         if ss is None:
             return lambda z: z
         if ss.deterministic_in_plate and ss.plate is not None:
             model = full_data(self._model, (ss.plate,))
         else:
-            model = ss._run(self._model, ss.first_indices(1))
+            model = with_indices(self._model, ss.first_indices(1))
         spike_fn = ss.spike_sample_fn(model_args, model_kwargs)
         eff = self.effective_name
 
@@ -812,3 +1144,11 @@ class SparseAsync(SGKernel):
             return out
 
         return postprocess
+
+
+def _split_init_params(ss, init_params):
+    """``(continuous unconstrained values or {}, indicator or None)`` of the user's init_params."""
+    if init_params is None:
+        return {}, None
+    params = {k: v for k, v in dict(init_params).items() if k not in (ss.indicator, _KEY)}
+    return params, dict(init_params).get(ss.indicator)
