@@ -268,8 +268,10 @@ class _Batch:
         return iters, spent, draws
 
     def diverged(self, arm) -> bool:
-        """True when a chain serving ``arm`` diverged (non-finite state or gradient)."""
+        """True when a chain serving ``arm`` diverged (non-finite state or gradient) or was
+        frozen otherwise (SparseAsync's active-set ``overflow``)."""
         div = np.asarray(self.state.diverging).reshape(-1)
+        div = div | np.asarray(getattr(self.state, "overflow", False)).reshape(-1)
         return bool(np.any(div[self.owner == arm]))
 
     def keep(self, arm_ids, rng_key):
