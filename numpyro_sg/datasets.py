@@ -21,6 +21,15 @@ __all__ = [
 ]
 
 
+def _data_plate(X, y, subsample_size, observation):
+    """The likelihood in a subsample plate: y_i ~ ``observation``(rows of X) on a mini-batch."""
+    N = X.shape[0]
+    with numpyro.plate("data", N, subsample_size=min(subsample_size, N)):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = numpyro.subsample(y, event_dim=0) if y is not None else None
+        numpyro.sample("y", observation(Xb), obs=yb)
+
+
 def simulate_logistic_regression(num_data: int = 100_000, dim: int = 10, seed: int = 0):
     """Logistic-regression data: X ~ N(0, I) (float32), θ* ~ N(0, I), y ~ Bernoulli(σ(X·θ*)).
 
@@ -38,10 +47,7 @@ def logistic_regression_model(X, y=None, subsample_size: int = 1000, prior_scale
     """Bayesian logistic regression, θ ~ N(0, prior_scale²·I), with a subsample plate."""
     N, d = X.shape
     theta = numpyro.sample("theta", dist.Normal(0.0, prior_scale).expand([d]).to_event(1))
-    with numpyro.plate("data", N, subsample_size=min(subsample_size, N)):
-        Xb = numpyro.subsample(X, event_dim=1)
-        yb = numpyro.subsample(y, event_dim=0) if y is not None else None
-        numpyro.sample("y", dist.Bernoulli(logits=Xb @ theta), obs=yb)
+    _data_plate(X, y, subsample_size, lambda Xb: dist.Bernoulli(logits=Xb @ theta))
 
 
 # -------------------------------------------------------------------------------------------
@@ -166,10 +172,7 @@ def esgld_linear_model(
     scale = jnp.where(gamma == 1, jnp.sqrt(slab_var), jnp.sqrt(spike_var))
     theta = numpyro.sample("theta", dist.Normal(0.0, scale).to_event(1))
     beta = numpyro.deterministic("beta", theta * gamma)
-    with numpyro.plate("data", N, subsample_size=min(subsample_size, N)):
-        Xb = numpyro.subsample(X, event_dim=1)
-        yb = numpyro.subsample(y, event_dim=0) if y is not None else None
-        numpyro.sample("y", dist.Normal(Xb @ beta, noise_sd), obs=yb)
+    _data_plate(X, y, subsample_size, lambda Xb: dist.Normal(Xb @ beta, noise_sd))
 
 
 def esgld_logistic_model(
@@ -197,10 +200,7 @@ def esgld_logistic_model(
     scale = jnp.where(gamma == 1, slab_sd, jnp.sqrt(spike_var))
     theta = numpyro.sample("theta", dist.Normal(0.0, scale).to_event(1))
     beta = numpyro.deterministic("beta", theta * gamma)
-    with numpyro.plate("data", N, subsample_size=min(subsample_size, N)):
-        Xb = numpyro.subsample(X, event_dim=1)
-        yb = numpyro.subsample(y, event_dim=0) if y is not None else None
-        numpyro.sample("y", dist.Bernoulli(logits=Xb @ beta), obs=yb)
+    _data_plate(X, y, subsample_size, lambda Xb: dist.Bernoulli(logits=Xb @ beta))
 
 
 
@@ -226,14 +226,17 @@ def _sparse_truth(rng, num_features, num_nonzero):
     return theta
 
 
-def simulate_sparse_linear(
-    num_features: int = 1000,
-    num_data: int | None = None,
-    correlation: float = 0.0,
-    num_nonzero: int = 10,
-    noise_sd: float = 1.0,
-    seed: int = 0,
-):
+def _sparse_design(num_features, num_data, correlation, num_nonzero, seed):
+    """(rng, X, θ*) of paper 003's experiments; N = p/2 unless ``num_data`` is given."""
+    N = num_features // 2 if num_data is None else int(num_data)
+    rng = np.random.default_rng(seed)
+    X = _ar1_design(rng, N, num_features, correlation)
+    return rng, X, _sparse_truth(rng, num_features, num_nonzero)
+
+
+def simulate_sparse_linear(num_features: int = 1000, num_data: int | None = None,
+                           correlation: float = 0.0, num_nonzero: int = 10,
+                           noise_sd: float = 1.0, seed: int = 0):
     r"""Paper 003's linear example (§4.1).
 
     Rows of X ~ N(0, Σ) with Σ_ij = ϱ^|i−j| (ϱ = ``correlation``, 0 or 0.9 in the paper);
@@ -242,32 +245,21 @@ def simulate_sparse_linear(
 
     Returns ``(X, y, theta_true)`` as float32 NumPy arrays.
     """
-    N = num_features // 2 if num_data is None else int(num_data)
-    rng = np.random.default_rng(seed)
-    X = _ar1_design(rng, N, num_features, correlation)
-    theta = _sparse_truth(rng, num_features, num_nonzero)
-    y = (X @ theta + noise_sd * rng.standard_normal(N)).astype(np.float32)
+    rng, X, theta = _sparse_design(num_features, num_data, correlation, num_nonzero, seed)
+    y = (X @ theta + noise_sd * rng.standard_normal(X.shape[0])).astype(np.float32)
     return X, y, theta
 
 
-def simulate_sparse_logistic(
-    num_features: int = 1000,
-    num_data: int | None = None,
-    correlation: float = 0.0,
-    num_nonzero: int = 10,
-    seed: int = 0,
-):
+def simulate_sparse_logistic(num_features: int = 1000, num_data: int | None = None,
+                             correlation: float = 0.0, num_nonzero: int = 10, seed: int = 0):
     r"""Paper 003's logistic example (§4.2): X and θ* as in :func:`simulate_sparse_linear`,
     y_i ~ Bernoulli(1/(1 + exp(−⟨x_i, θ*⟩))), N = p/2 by default.
 
     Returns ``(X, y, theta_true)`` as float32 NumPy arrays.
     """
-    N = num_features // 2 if num_data is None else int(num_data)
-    rng = np.random.default_rng(seed)
-    X = _ar1_design(rng, N, num_features, correlation)
-    theta = _sparse_truth(rng, num_features, num_nonzero)
+    rng, X, theta = _sparse_design(num_features, num_data, correlation, num_nonzero, seed)
     prob = 1.0 / (1.0 + np.exp(-(X @ theta)))
-    y = (rng.random(N) < prob).astype(np.float32)
+    y = (rng.random(X.shape[0]) < prob).astype(np.float32)
     return X, y, theta
 
 
@@ -297,10 +289,7 @@ def sparse_async_linear_model(
     """
     N, p = X.shape
     beta = _sparse_async_prior(N, p, rho0, rho1, u)
-    with numpyro.plate("data", N, subsample_size=min(subsample_size or N, N)):
-        Xb = numpyro.subsample(X, event_dim=1)
-        yb = numpyro.subsample(y, event_dim=0) if y is not None else None
-        numpyro.sample("y", dist.Normal(Xb @ beta, noise_sd), obs=yb)
+    _data_plate(X, y, subsample_size or N, lambda Xb: dist.Normal(Xb @ beta, noise_sd))
 
 
 def sparse_async_logistic_model(
@@ -317,7 +306,4 @@ def sparse_async_logistic_model(
     """
     N, p = X.shape
     beta = _sparse_async_prior(N, p, rho0, rho1, u)
-    with numpyro.plate("data", N, subsample_size=min(subsample_size or N, N)):
-        Xb = numpyro.subsample(X, event_dim=1)
-        yb = numpyro.subsample(y, event_dim=0) if y is not None else None
-        numpyro.sample("y", dist.Bernoulli(logits=Xb @ beta), obs=yb)
+    _data_plate(X, y, subsample_size or N, lambda Xb: dist.Bernoulli(logits=Xb @ beta))

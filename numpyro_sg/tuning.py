@@ -638,23 +638,10 @@ def _shared_parameters(fn):
 
 
 @_shared_parameters
-def mamba(
-    make_kernel: Callable,
-    grid: dict,
-    model_args=(),
-    model_kwargs=None,
-    *,
-    time_budget: float = 30.0,
-    eta: int = 3,
-    metric="ksd",
-    thin: int = 10,
-    rng_key=None,
-    preconditioner="laplace",
-    score_draws: int | None = 500,
-    ksd_options: dict | None = None,
-    init_params=None,
-    vectorize: bool = True,
-) -> TuningResult:
+def mamba(make_kernel: Callable, grid: dict, model_args=(), model_kwargs=None, *,
+          time_budget: float = 30.0, eta: int = 3, metric="ksd", thin: int = 10, rng_key=None,
+          preconditioner="laplace", score_draws: int | None = 500, ksd_options: dict | None = None,
+          init_params=None, vectorize: bool = True) -> TuningResult:
     """MAMBA: successive halving over a grid of kernel hyperparameters, scored by KSD/FSSD.
 
     Paper 002, Algorithm 1: for i = 0 … ⌊log_η M⌋ − 1 every surviving arm runs
@@ -675,29 +662,14 @@ def mamba(
                         (X, y), time_budget=60, rng_key=jax.random.PRNGKey(0))
         res.best_params, res.rounds, res.idata
     """
-    return _tune(make_kernel, grid, model_args=model_args, model_kwargs=model_kwargs,
-                 time_budget=time_budget, eta=eta, metric=metric, thin=thin, rng_key=rng_key,
-                 preconditioner=preconditioner, score_draws=score_draws, ksd_options=ksd_options,
-                 init_params=init_params, vectorize=vectorize, halving=True)
+    return _tune(**locals(), halving=True)
 
 
 @_shared_parameters
-def grid_search(
-    make_kernel: Callable,
-    grid: dict,
-    model_args=(),
-    model_kwargs=None,
-    *,
-    time_budget: float = 30.0,
-    metric="ksd",
-    thin: int = 10,
-    rng_key=None,
-    preconditioner="laplace",
-    score_draws: int | None = 500,
-    ksd_options: dict | None = None,
-    init_params=None,
-    vectorize: bool = True,
-) -> TuningResult:
+def grid_search(make_kernel: Callable, grid: dict, model_args=(), model_kwargs=None, *,
+                time_budget: float = 30.0, metric="ksd", thin: int = 10, rng_key=None,
+                preconditioner="laplace", score_draws: int | None = 500,
+                ksd_options: dict | None = None, init_params=None, vectorize: bool = True) -> TuningResult:
     """Grid search: every arm runs for ``time_budget`` seconds and the lowest score wins.
 
     Same interface and scoring as :func:`mamba` (one round, no pruning); with
@@ -711,7 +683,4 @@ def grid_search(
         res = nsg.grid_search(functools.partial(nsg.SGLD, model), {"step_size": [0.2, 0.5, 1.0]},
                               (X, y), time_budget=5, rng_key=jax.random.PRNGKey(0))
     """
-    return _tune(make_kernel, grid, model_args=model_args, model_kwargs=model_kwargs,
-                 time_budget=time_budget, eta=3, metric=metric, thin=thin, rng_key=rng_key,
-                 preconditioner=preconditioner, score_draws=score_draws, ksd_options=ksd_options,
-                 init_params=init_params, vectorize=vectorize, halving=False)
+    return _tune(**locals(), eta=3, halving=False)
