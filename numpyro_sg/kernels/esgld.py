@@ -57,7 +57,7 @@ gradients on the mini-batch.  Nothing is O(N) per iteration.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -67,7 +67,14 @@ from jax import lax, random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import constrain_fn
 
-from numpyro_sg.kernels.base import SGKernel, all_finite, check_choice, check_positive, jit_with_data, split_init_key
+from numpyro_sg.kernels.base import (
+    SGKernel,
+    all_finite,
+    check_choice,
+    check_positive,
+    jit_with_data,
+    split_init_key,
+)
 from numpyro_sg.kernels.moves import (
     CallableSchedule,
     PolynomialSchedule,
@@ -93,7 +100,11 @@ __all__ = [
     "ESGLDState",
     "ESGLDHyper",
     "ESGLDSetup",
+    "ESGLDOptions",
     "esgld_step",
+    "esgld_initial_state",
+    "esgld_hyperparameters",
+    "DEFAULT_WEIGHT_ROWS",
     "move_probabilities",
     "propose_move",
     "apply_proposal",
@@ -427,7 +438,8 @@ def glm_indicator_target(batch: GLMBatch, family: GLMFamily, theta0, prior) -> I
     return IndicatorTarget(lambda gamma, theta: (batch.eta, loglik_terms(batch.eta)), update_table)
 
 
-def indicator_target(ss: SpikeSlab, values, gamma, indices, model_args=(), model_kwargs=None) -> IndicatorTarget:
+def indicator_target(ss: SpikeSlab, values, gamma, indices, model_args=(),
+                     model_kwargs=None) -> IndicatorTarget:
     """The :class:`IndicatorTarget` of a spike-and-slab model at constrained ``values`` (θ among
     them) and model ``gamma`` on the data ``indices``: :func:`glm_indicator_target` for a GLM
     likelihood (with a :func:`coordinate_table` when the prior is per-coordinate, else the
@@ -566,7 +578,9 @@ def resolve_proposal_weights(kind, glm, num_coefficients):
     if not isinstance(kind, str):
         w = np.asarray(kind, dtype=float)
         if w.shape != (num_coefficients,):
-            raise ValueError(f"proposal_weights has shape {w.shape}; the model has p = {num_coefficients} coefficients.")
+            raise ValueError(
+                f"proposal_weights has shape {w.shape}; the model has p = {num_coefficients} coefficients."
+            )
         return w
     if kind == "auto":
         if glm is None:
@@ -673,7 +687,10 @@ class ESGLDSetup:
     index drawing; ``unravel`` flat → dict of the unconstrained continuous sites; ``dim`` their
     number of coordinates; ``max_model_size`` q; ``num_models`` m; ``flip_sign``;
     ``penalty_fpc`` the finite-population correction of the penalty (``None``: no penalty);
-    ``inclusion_name`` the name of the inclusion frequency in the state's ``z``.
+    ``inclusion_name`` / ``effective_name`` the names of the inclusion frequency and of
+    β = θ·γ in the output; ``weight_kind`` the resolved proposal weights
+    (:func:`resolve_proposal_weights`) and ``weight_rows`` the data rows they read (``None``
+    for weights that read no data).
     """
 
     spike_slab: SpikeSlab
@@ -685,6 +702,9 @@ class ESGLDSetup:
     flip_sign: bool = True
     penalty_fpc: float | None = None
     inclusion_name: str = "inclusion"
+    effective_name: str = "beta"
+    weight_kind: Any = "uniform"
+    weight_rows: int | None = None
 
     @property
     def full_batch(self) -> bool:
@@ -794,33 +814,57 @@ def esgld_step(setup: ESGLDSetup, state: ESGLDState, model_args, model_kwargs) -
 # -------------------------------------------------------------------------------------------
 # the kernel
 # -------------------------------------------------------------------------------------------
-def _check_options(step_size, num_models, max_model_size, proposal_weights, mh_correction,
-                   temperature, fast_path, weight_rows):
-    if not callable(step_size):
-        check_positive("step_size", step_size)
-    if isinstance(num_models, bool) or not isinstance(num_models, (int, np.integer)) or num_models < 1:
-        raise ValueError(f"num_models must be an int ≥ 1, got {num_models!r}.")
-    if max_model_size is not None and (
-        isinstance(max_model_size, bool) or not isinstance(max_model_size, (int, np.integer)) or max_model_size < 1
-    ):
-        raise ValueError(f"max_model_size must be an int ≥ 1 (and ≤ p), got {max_model_size!r}.")
-    check_choice("mh_correction", mh_correction, _CORRECTIONS)
-    if isinstance(proposal_weights, str):
-        check_choice("proposal_weights", proposal_weights, _WEIGHT_KINDS + ("an array",))
-    else:
-        w = np.asarray(proposal_weights, dtype=float)
-        if w.ndim != 1 or not np.all((w > 0) & (w < 1)):
-            raise ValueError("proposal_weights as an array must be a vector of values in (0, 1).")
-    check_choice("fast_path", fast_path, _FAST_PATHS)
-    check_positive("temperature", temperature)
-    if weight_rows is not None:
-        if isinstance(weight_rows, bool) or not isinstance(weight_rows, (int, np.integer)) or weight_rows < 1:
-            raise ValueError(f"weight_rows must be an int ≥ 1, got {weight_rows!r}.")
-        if not isinstance(proposal_weights, str) or proposal_weights == "uniform":
-            raise ValueError(
-                "weight_rows applies only to data-based proposal weights ('correlation', "
-                f"'deviance' or 'auto'); it has no effect with proposal_weights={proposal_weights!r}."
-            )
+def _is_int_at_least(value, minimum) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= minimum
+
+
+@dataclass(frozen=True)
+class ESGLDOptions:
+    """The static options of :class:`ESGLD`, validated on construction (see :class:`ESGLD` for
+    their meaning); an array of proposal weights is held as a tuple.
+
+    **Example:**
+
+    .. code-block:: python
+
+        ESGLDOptions(num_models=10, max_model_size=50).max_model_size     # 50
+    """
+
+    num_models: int = 10
+    max_model_size: int | None = None
+    proposal_weights: Any = "auto"
+    flip_sign: bool = True
+    mh_correction: str | None = None
+    indicator: str | None = None
+    coefficient: str | None = None
+    fast_path: str = "auto"
+    effective_name: str | None = None
+    inclusion_name: str = "inclusion"
+    weight_rows: int | None = None
+
+    def __post_init__(self):
+        if not _is_int_at_least(self.num_models, 1):
+            raise ValueError(f"num_models must be an int ≥ 1, got {self.num_models!r}.")
+        if self.max_model_size is not None and not _is_int_at_least(self.max_model_size, 1):
+            raise ValueError(f"max_model_size must be an int ≥ 1 (and ≤ p), got {self.max_model_size!r}.")
+        check_choice("mh_correction", self.mh_correction, _CORRECTIONS)
+        check_choice("fast_path", self.fast_path, _FAST_PATHS)
+        weights = self.proposal_weights
+        if isinstance(weights, str):
+            check_choice("proposal_weights", weights, _WEIGHT_KINDS + ("an array",))
+        else:
+            w = np.asarray(weights, dtype=float)
+            if w.ndim != 1 or not np.all((w > 0) & (w < 1)):
+                raise ValueError("proposal_weights as an array must be a vector of values in (0, 1).")
+            object.__setattr__(self, "proposal_weights", tuple(float(v) for v in w))
+        if self.weight_rows is not None:
+            if not _is_int_at_least(self.weight_rows, 1):
+                raise ValueError(f"weight_rows must be an int ≥ 1, got {self.weight_rows!r}.")
+            if not isinstance(weights, str) or weights == "uniform":
+                raise ValueError(
+                    "weight_rows applies only to data-based proposal weights ('correlation', "
+                    f"'deviance' or 'auto'); it has no effect with proposal_weights={weights!r}."
+                )
 
 
 class ESGLD(SGKernel):
@@ -899,26 +943,16 @@ class ESGLD(SGKernel):
                  fast_path: str = "auto", effective_name: str | None = None,
                  inclusion_name: str = "inclusion", weight_rows: int | None = None,
                  subsample_size=None, replace: bool = True, init_strategy=None, check_data: bool = True):
-        _check_options(step_size, num_models, max_model_size, proposal_weights, mh_correction,
-                       temperature, fast_path, weight_rows)
+        if not callable(step_size):
+            check_positive("step_size", step_size)
+        check_positive("temperature", temperature)
+        arguments = locals()
+        self.options = ESGLDOptions(**{f.name: arguments[f.name] for f in fields(ESGLDOptions)})
         super().__init__(model, subsample_size=subsample_size, replace=replace,
                          init_strategy=init_strategy, check_data=check_data)
         self.step_size = step_size
-        self.num_models = int(num_models)
-        self.max_model_size = max_model_size
-        self.proposal_weights = proposal_weights
-        self.flip_sign = bool(flip_sign)
-        self.mh_correction = mh_correction
         self.temperature = float(temperature)
-        self._indicator = indicator
-        self._coefficient = coefficient
-        self.fast_path = fast_path
-        self._effective_name = effective_name
-        self.effective_name = effective_name
-        self.inclusion_name = inclusion_name
-        self.weight_rows = weight_rows
         self._setup = None
-        self._weight_kind = None
 
     # -- public metadata ---------------------------------------------------------------------
     @property
@@ -942,6 +976,16 @@ class ESGLD(SGKernel):
         return None if self._setup is None else self.spike_slab.coefficient
 
     @property
+    def effective_name(self) -> str | None:
+        """Name of the output β = θ·γ (resolved at ``init``; the option before)."""
+        return self.options.effective_name if self._setup is None else self._setup.effective_name
+
+    @property
+    def inclusion_name(self) -> str:
+        """Name of the output inclusion frequency."""
+        return self.options.inclusion_name
+
+    @property
     def uses_glm_path(self) -> bool:
         """True when proposals use the O(n) GLM update (known after ``init``)."""
         return self._setup is not None and self.spike_slab.glm is not None
@@ -954,60 +998,60 @@ class ESGLD(SGKernel):
         return msg
 
     # -- init ----------------------------------------------------------------------------
-    def _prepare(self, model_args, model_kwargs):
-        """(ESGLDSetup, rows of data-based weights or None) from one model trace."""
+    def _prepare(self, model_args, model_kwargs) -> ESGLDSetup:
+        """The static :class:`ESGLDSetup`, from one model trace (and one vectorised check run)."""
+        o = self.options
         info = trace_model(self._model, model_args, model_kwargs)
         plates = subsample_plates(info, self._subsample_size, check_data=self._check_data,
                                   model_args=model_args, model_kwargs=model_kwargs)
         if len(plates) != 1:
             raise ValueError(f"ESGLD needs exactly one subsample plate; the model has {[p.name for p in plates]}.")
-        ss = find_spike_slab(self._model, model_args, model_kwargs, indicator=self._indicator,
-                             coefficient=self._coefficient, subsample_size=self._subsample_size,
-                             glm={"auto": "auto", "glm": True, "generic": False}[self.fast_path], info=info)
+        ss = find_spike_slab(self._model, model_args, model_kwargs, indicator=o.indicator,
+                             coefficient=o.coefficient, subsample_size=self._subsample_size,
+                             glm={"auto": "auto", "glm": True, "generic": False}[o.fast_path], info=info)
         p, plate = ss.num_coefficients, ss.plate
-        q = p if self.max_model_size is None else int(self.max_model_size)
+        q = p if o.max_model_size is None else int(o.max_model_size)
         if not 1 <= q <= p:
             raise ValueError(f"max_model_size must lie in [1, p] = [1, {p}], got {q}.")
-        self._weight_kind = resolve_proposal_weights(self.proposal_weights, ss.glm, p)
-        data_weights = isinstance(self._weight_kind, str) and self._weight_kind != "uniform"
-        if self.weight_rows is not None and not data_weights:
-            raise ValueError(f"weight_rows has no effect: the proposal weights of this model are {self._weight_kind!r}.")
-        full = plate.subsample_size == plate.size
-        if self.mh_correction is not None and full:
+        kind = resolve_proposal_weights(o.proposal_weights, ss.glm, p)
+        data_weights = isinstance(kind, str) and kind != "uniform"
+        if o.weight_rows is not None and not data_weights:
+            raise ValueError(f"weight_rows has no effect: the proposal weights of this model are {kind!r}.")
+        if o.mh_correction is not None and plate.subsample_size == plate.size:
             raise ValueError("mh_correction='penalty' has no effect with a full batch (subsample_size = N).")
         existing = info.site_types
-        self.effective_name = effective_site_name(ss, existing, self._effective_name)
-        if self.inclusion_name in existing:
-            raise ValueError(f"inclusion_name={self.inclusion_name!r} is a site of the model; pick another.")
+        if o.inclusion_name in existing:
+            raise ValueError(f"inclusion_name={o.inclusion_name!r} is a site of the model; pick another.")
         self._mb = Minibatcher(self._model, plates, replace=self._replace)
         self._deterministic_in_plate = ss.deterministic_in_plate
         flat, unravel = ravel_pytree(info.unconstrained_example())
-        fpc = None if self.mh_correction is None else (1.0 if self._replace else 1.0 - plate.subsample_size / plate.size)
-        setup = ESGLDSetup(ss, self._mb, unravel, int(flat.shape[0]), q, self.num_models, self.flip_sign,
-                           fpc, self.inclusion_name)
-        return setup, (min(self.weight_rows or DEFAULT_WEIGHT_ROWS, plate.size) if data_weights else None)
+        return ESGLDSetup(
+            ss, self._mb, unravel, int(flat.shape[0]), q, o.num_models, o.flip_sign,
+            None if o.mh_correction is None else self._mb.fraction_unsampled, o.inclusion_name,
+            effective_site_name(ss, existing, o.effective_name), kind,
+            min(o.weight_rows or DEFAULT_WEIGHT_ROWS, plate.size) if data_weights else None,
+        )
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         self._num_warmup = int(num_warmup)
-        setup, rows = self._prepare(model_args, model_kwargs)
-        self._setup = setup
-        ss = setup.spike_slab
+        with jax.ensure_compile_time_eval():  # structural work stays eager under pmap too
+            self._setup = setup = self._prepare(model_args, model_kwargs)
+        ss, rows = setup.spike_slab, setup.weight_rows
         batched, rng_key, key_init = split_init_key(rng_key)
-        given, gamma0 = _given_start(ss, init_params, self.inclusion_name,
+        given, gamma0 = _given_start(ss, init_params, setup.inclusion_name,
                                      jnp.shape(rng_key)[0] if batched else None)
-        if bool(jnp.any(jnp.sum(gamma0, -1) > setup.max_model_size)):
+        if not isinstance(gamma0, jax.core.Tracer) and bool(jnp.any(jnp.sum(gamma0, -1) > setup.max_model_size)):
             raise ValueError(f"The initial indicator has more than max_model_size = {setup.max_model_size} ones.")
-        start = start_fn(ss, model_args, model_kwargs, self._init_strategy, rows)
         hyper = esgld_hyperparameters(self.step_size, self.temperature, setup.dim)
-        kind, family = self._weight_kind, (None if ss.glm is None else ss.glm.family)
+        family, strategy = (None if ss.glm is None else ss.glm.family), self._init_strategy
 
         def init_one(key_init, key, given, gamma, model_args, model_kwargs):
             if given is None or rows is not None:  # one model trace: the start and the weights' data
-                given, glm_rows = start(key_init, given)
+                given, glm_rows = start_fn(ss, model_args, model_kwargs, strategy, rows)(key_init, given)
             else:
                 glm_rows = None
-            weights = proposal_weights(kind, ss.num_coefficients, glm_rows, family)
+            weights = proposal_weights(setup.weight_kind, ss.num_coefficients, glm_rows, family)
             return esgld_initial_state(setup, given, gamma, weights, hyper, key)
 
         if batched:
@@ -1037,7 +1081,7 @@ class ESGLD(SGKernel):
         model = full_data(self._model, self._mb.plates) if ss.deterministic_in_plate else with_indices(
             self._model, ss.first_indices(1)
         )
-        eff, incl = self.effective_name, self.inclusion_name
+        eff, incl = setup.effective_name, setup.inclusion_name
 
         def postprocess(z):
             params, gamma = setup.unpack(z)
