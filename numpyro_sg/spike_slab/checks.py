@@ -170,6 +170,13 @@ def random_configurations(ss: SpikeSlab, rng, dtype) -> Configurations:
     Structure (per trial: alternating, then random γ): (θ, γ), (θ + (1−γ)·(3ξ + 1), γ),
     (θ·γ, 1), θ ~ N(0, I); per-coordinate prior: (θ, 0), (θ, 1), then pairs (θ, γ), (θ, γ')
     with γ_j ~ Bernoulli(u), u ~ U(0.05, 0.95); GLM: (b, 1), (b', 1), b ~ N(0, I/p).
+
+    **Example:**
+
+    .. code-block:: python
+
+        conf = random_configurations(ss, np.random.default_rng(0), jnp.float32)
+        conf.theta.shape          # (16, p)
     """
     p = ss.num_coefficients
     theta = rng.normal(size=p)
@@ -205,7 +212,15 @@ def _close(a, b, rtol=1e-4, atol=1e-4):
 
 def check_structure(ss: SpikeSlab, ev: Evaluation, conf: Configurations):
     """Raise :class:`~numpyro_sg.spike_slab.SpikeSlabError` unless the likelihood depends on θ
-    only through θ·γ (see :func:`random_configurations` for the configurations read)."""
+    only through θ·γ (see :func:`random_configurations` for the configurations read).
+
+    **Example:**
+
+    .. code-block:: python
+
+        ev = evaluate_configurations(ss, (X, y), {}, conf.theta, conf.gamma, conf.indices)
+        check_structure(ss, ev, conf)     # raises SpikeSlabError for a wrong form
+    """
     terms = np.asarray(ev.terms[conf.structure])
     gammas = np.asarray(conf.gamma[conf.structure])
     for trial in range(_STRUCTURE_TRIALS):
@@ -233,7 +248,14 @@ def check_structure(ss: SpikeSlab, ev: Evaluation, conf: Configurations):
 
 def check_per_coordinate(ev: Evaluation, conf: Configurations) -> bool:
     """True when the prior's dependence on γ adds up per coordinate: for every random pair,
-    log p(γ, θ) − log p(γ', θ) = Σ_j (γ_j − γ'_j)·odds_j within 1e-3 (relative)."""
+    log p(γ, θ) − log p(γ', θ) = Σ_j (γ_j − γ'_j)·odds_j within 1e-3 (relative).
+
+    **Example:**
+
+    .. code-block:: python
+
+        check_per_coordinate(ev, conf)    # False for a slab variance that depends on size(γ)
+    """
     if not ev.static["per_element"]:
         return False
     k0 = conf.prior.start
@@ -257,6 +279,13 @@ def detect_glm(ss: SpikeSlab, ev: Evaluation, conf: Configurations, subsample_da
     by the model trace, ``subsample_data``) and the model arguments; one qualifies when the
     linear predictor moves by X[S]·(b − b') between the two GLM configurations and the
     family's log-likelihood reproduces the model's per-datum terms.
+
+    **Example:**
+
+    .. code-block:: python
+
+        glm, why = detect_glm(ss, ev, conf, info.subsample_data, (X, y))
+        glm.family_name, glm.source     # ("gaussian", ("subsample", 0))
     """
     static = ev.static
     if len(static["observed"]) != 1:

@@ -154,7 +154,14 @@ def family_of(fn):
 
 
 def per_element_log_prob(fn, value):
-    """``log_prob`` per element of ``value`` (Independent layers removed, broadcast to its shape)."""
+    """``log_prob`` per element of ``value`` (Independent layers removed, broadcast to its shape).
+
+    **Example:**
+
+    .. code-block:: python
+
+        per_element_log_prob(dist.Normal(0.0, s).to_event(1), theta)   # (p,) log N(θ_j; 0, s_j²)
+    """
     while isinstance(fn, dist.Independent):
         fn = fn.base_dist
     lp = fn.log_prob(value)
@@ -164,7 +171,14 @@ def per_element_log_prob(fn, value):
 def design_candidates(subsample_data, model_args, model_kwargs, num_data, num_coefficients) -> list:
     """Sources of an (N, p) design array: ``("subsample", k)`` for the k-th array passed to
     ``numpyro.subsample``, ``("arg", i)``, ``("kwarg", name)`` for model arguments, in that
-    order (each is then checked numerically)."""
+    order (each is then checked numerically).
+
+    **Example:**
+
+    .. code-block:: python
+
+        design_candidates(info.subsample_data, (X, y), {}, N, p)   # [("subsample", 0), ("arg", 0)]
+    """
     shape = (num_data, num_coefficients)
     sources = [("subsample", k) for k, v in enumerate(subsample_data) if jnp.shape(v) == shape]
     sources += [("arg", i) for i, a in enumerate(model_args) if jnp.ndim(a) == 2 and jnp.shape(a) == shape]
@@ -174,7 +188,14 @@ def design_candidates(subsample_data, model_args, model_kwargs, num_data, num_co
 
 
 def design_array(source: tuple, subsample_data, model_args, model_kwargs):
-    """The full design array X (N, p) named by ``source`` (see :class:`GLMInfo`); no copy."""
+    """The full design array X (N, p) named by ``source`` (see :class:`GLMInfo`); no copy.
+
+    **Example:**
+
+    .. code-block:: python
+
+        X = design_array(("subsample", 0), info.subsample_data, (X, y), {})
+    """
     kind, where = source
     if kind == "subsample":
         return jnp.asarray(subsample_data[where])
@@ -187,6 +208,13 @@ def glm_batch_from_site(site, X, rows=None, num_data=None) -> GLMBatch:
     ``X`` is the full design array, ``rows`` the plate's indices (``None``: X is used as is,
     all of its rows) and ``num_data`` N, so that ``scale`` = N/n with n the number of
     observations (``None`` for a model without a subsample plate: scale 1).
+
+    **Example:**
+
+    .. code-block:: python
+
+        tr, data = ss.trace_at((X, y), {}, {"theta": beta}, ones, {"data": idx})
+        batch = glm_batch_from_site(tr["y"], X, idx, num_data=N)   # scale N/n
     """
     _, eta, params = family_of(site["fn"])
     y = site["value"]
