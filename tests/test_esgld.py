@@ -1,7 +1,10 @@
-"""ESGLD (paper 000, SPEC §5): the inner reversible-jump chain against the enumerated
-conditional posterior, end to end against exact inclusion probabilities, the GLM fast path
-against the generic path, outputs, and bad inputs."""
+"""ESGLD (paper 000, SPEC §5): the pure reversible-jump chain against enumerated targets (a
+hand-written one and the model's conditional posterior), end to end against exact inclusion
+probabilities, the GLM fast path against the generic path, outputs, bad inputs, and the kernel
+core: at most three model runs at init, a pure step with hyperparameters in the state, step
+size schedules and MAMBA over vectorised arms."""
 
+import functools
 import itertools
 
 import jax
@@ -10,12 +13,22 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
-from jax.flatten_util import ravel_pytree
 from numpyro.infer import MCMC
 from scipy import stats
 
-from numpyro_sg.kernels.esgld import ESGLD, move_probabilities, propose_move
-from numpyro_sg.spike_slab import SpikeSlabError
+import numpyro_sg as nsg
+from numpyro_sg.kernels.esgld import (
+    ESGLD,
+    IndicatorTarget,
+    indicator_target,
+    move_probabilities,
+    proposal_weights,
+    propose_move,
+    resolve_proposal_weights,
+    rjmh_indicator_chain,
+)
+from numpyro_sg.kernels.moves import polynomial_schedule
+from numpyro_sg.spike_slab import SpikeSlabError, find_spike_slab, start_fn
 
 LAM, SLAB, SPIKE = 0.3, 1.0, 0.3
 
@@ -74,24 +87,35 @@ def small_data():
     return X, y, yb, theta
 
 
-def _inner_chain_draws(kernel, model, X, y, theta, num_chains, num_steps, seed=0):
-    """Final (γ, θ) of independent inner RJ chains at fixed θ, full data (one draw per chain)."""
-    kernel._setup((X, y), {})  # what init does before building the state
+def _inner_chain_draws(model, X, y, theta, num_chains, num_steps, *, q=None, weights="auto",
+                       flip_sign=True, fast_path="auto", seed=0):
+    """Final (γ, θ) of independent inner RJ chains at fixed θ, full data (one draw per chain),
+    built from the pure functions one ESGLD iteration uses."""
+    ss = find_spike_slab(model, (X, y), glm={"auto": "auto", "glm": True, "generic": False}[fast_path])
     p = X.shape[1]
-    flat, kernel._unravel = ravel_pytree({"theta": jnp.asarray(theta)})
-    weights = kernel._weights({"theta": flat}, jnp.zeros(p, jnp.int32), (X, y), {})
-    idx = kernel.spike_slab.full_indices()
+    kind = resolve_proposal_weights(weights, ss.glm, p)
+    gamma0 = jnp.zeros(p, jnp.int32)
+    theta = jnp.asarray(theta)
+
+    @jax.jit
+    def weights_at(key):  # data-based weights read the data rows in the start's trace
+        rows = None
+        if isinstance(kind, str) and kind != "uniform":
+            rows = start_fn(ss, (X, y), {}, rows=X.shape[0])(key, {"theta": theta}).glm_rows
+        return proposal_weights(kind, p, rows, None if ss.glm is None else ss.glm.family)
+
+    w = weights_at(jax.random.PRNGKey(0))
 
     @jax.jit
     def run(key):
-        out_flat, gammas, _ = kernel._inner_chain(
-            flat, jnp.zeros(p, jnp.int32), key, idx, weights, (X, y), {}, num_steps
-        )
-        return gammas[-1], out_flat
+        target = indicator_target(ss, {"theta": theta}, gamma0, ss.full_indices(), (X, y), {})
+        chain = rjmh_indicator_chain(key, gamma0, theta, w, target, num_steps=num_steps,
+                                     max_size=p if q is None else q, flip_sign=flip_sign)
+        return chain.gamma, chain.theta
 
     keys = jax.random.split(jax.random.PRNGKey(seed), num_chains)
     g, th = jax.vmap(run)(keys)
-    return np.asarray(g), np.asarray(th)
+    return np.asarray(g), np.asarray(th), ss
 
 
 def _chi_square(observed_states, log_probs_by_state):
@@ -132,10 +156,9 @@ def test_inner_chain_matches_enumeration(which, fast_path, weights, q, small_dat
     π(γ)·π(θ|γ)·Π f(x_i | θ·γ) over all 2^8 models (truncated to |γ| ≤ q)."""
     X, y, yb, theta = small_data
     model, obs = (lin_model, y) if which == "linear" else (size_model, yb)
-    kernel = ESGLD(model, 1e-4, max_model_size=q, flip_sign=False,
-                   proposal_weights=weights, fast_path=fast_path)
-    g, th = _inner_chain_draws(kernel, model, X, obs, theta, 2000, 300)
-    assert kernel.uses_glm_path == (fast_path == "glm")
+    g, th, ss = _inner_chain_draws(model, X, obs, theta, 2000, 300, q=q, flip_sign=False,
+                                   weights=weights, fast_path=fast_path)
+    assert (ss.glm is not None) == (fast_path == "glm")
     np.testing.assert_array_equal(th, np.broadcast_to(theta, th.shape))  # no flips: θ untouched
     assert g.sum(1).max() <= q
     target = {
@@ -152,8 +175,7 @@ def test_inner_chain_with_sign_flips_matches_joint(small_data):
     (γ, signs) against π(γ, θ | X) enumerated."""
     X, y, _, theta = small_data
     X3, th3 = X[:, :3], theta[:3]
-    kernel = ESGLD(lin_model, 1e-4, flip_sign=True)
-    g, th = _inner_chain_draws(kernel, lin_model, X3, y, th3, 2000, 300)
+    g, th, _ = _inner_chain_draws(lin_model, X3, y, th3, 2000, 300, flip_sign=True)
     target = {}
     for bits in itertools.product([0, 1], repeat=3):
         for signs in itertools.product([1, -1], repeat=3):
@@ -180,13 +202,43 @@ def test_move_probabilities_and_proposal():
     np.testing.assert_allclose(prop.log_q_ratio, np.log(1 / 3) - np.log(float(w[j]) / float(w.sum())), rtol=1e-5)
 
 
+def test_rjmh_chain_on_a_hand_written_target():
+    """The pure chain alone (no model): log π(γ) = Σ_j a_j·γ_j truncated to |γ| ≤ q = 3, unequal
+    weights, 4,000 chains of 200 steps against the 26 enumerated states.  (Dropping the
+    boundary move probability P_d(|S|+1) of a birth, the reverse weight normalisation or the
+    exchange's Hastings factor gives p < 1e-30.)"""
+    p, q = 5, 3
+    a = jnp.array([1.0, -0.5, 0.5, 0.0, -1.0])
+    w = jnp.array([0.05, 0.95, 0.5, 0.2, 0.8])
+    target = IndicatorTarget(
+        init=lambda g, th: jnp.zeros(()),
+        update=lambda c, g, th, g2, th2, prop: (jnp.sum(a * (g2 - g)), jnp.zeros(1), c),
+    )
+
+    @jax.jit
+    def run(key):
+        chain = rjmh_indicator_chain(key, jnp.zeros(p, jnp.int32), jnp.ones(p), w, target,
+                                     num_steps=200, max_size=q, flip_sign=False)
+        return chain.gamma, chain.theta, chain.gammas, chain.num_accepted
+
+    g, th, gammas, n_acc = jax.vmap(run)(jax.random.split(jax.random.PRNGKey(0), 4000))
+    assert gammas.shape == (4000, 200, p) and np.all(np.asarray(gammas).sum(-1) <= q)
+    np.testing.assert_array_equal(gammas[:, -1], g)
+    np.testing.assert_array_equal(th, 1.0)  # no flips: θ untouched
+    assert 0 < int(n_acc.min()) and int(n_acc.max()) <= 200
+    target_lp = {bits: float(np.dot(a, bits)) for bits in itertools.product([0, 1], repeat=p) if sum(bits) <= q}
+    pval, cells = _chi_square([tuple(int(v) for v in row) for row in np.asarray(g)], target_lp)
+    assert cells >= 20
+    assert pval > 1e-3, pval
+
+
 def test_glm_and_generic_paths_give_the_same_chain(small_data):
     """Same key → the same inner chain on the O(n) GLM path and the generic path."""
     X, y, _, theta = small_data
     out = {}
     for fp in ("glm", "generic"):
-        kernel = ESGLD(lin_model, 1e-4, proposal_weights="uniform", fast_path=fp)
-        out[fp] = _inner_chain_draws(kernel, lin_model, X, y, theta, 20, 100, seed=5)
+        out[fp] = _inner_chain_draws(lin_model, X, y, theta, 20, 100, weights="uniform",
+                                     fast_path=fp, seed=5)[:2]
     np.testing.assert_array_equal(out["glm"][0], out["generic"][0])
     np.testing.assert_allclose(out["glm"][1], out["generic"][1])
 
@@ -296,6 +348,20 @@ def test_init_params_and_jit_model_args(small_data):
     assert mcmc.get_samples()["gamma"].shape == (5, 8)
 
 
+def test_chain_methods_agree(small_data):
+    """init runs its structural work eagerly, so chains under pmap ("parallel", two host
+    devices from conftest) work and give the draws of "vectorized" for the same key."""
+    X, y, _, _ = small_data
+    out = {}
+    for method in ("parallel", "vectorized"):
+        mcmc = MCMC(ESGLD(lin_model, 1e-4, max_model_size=4), num_warmup=2, num_samples=3,
+                    num_chains=2, chain_method=method, progress_bar=False)
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+        out[method] = mcmc.get_samples(group_by_chain=True)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 out["parallel"], out["vectorized"])
+
+
 # --- bad inputs -----------------------------------------------------------------------------
 def test_bad_inputs(small_data):
     X, y, _, _ = small_data
@@ -347,3 +413,89 @@ def test_bad_inputs(small_data):
         run(ESGLD(wrong_form, 1e-4))
     with pytest.raises(ValueError, match="needs a GLM likelihood"):
         run(ESGLD(lin_model, 1e-4, proposal_weights="correlation", fast_path="generic"))
+
+
+def test_options_that_do_not_apply_raise(small_data):
+    X, y, _, _ = small_data
+    run = lambda k: MCMC(k, num_warmup=0, num_samples=1, progress_bar=False).run(  # noqa: E731
+        jax.random.PRNGKey(0), X, y)
+    with pytest.raises(TypeError):  # a gradient-kernel option: no **kwargs swallows it
+        ESGLD(lin_model, 1e-4, preconditioner="laplace")
+    with pytest.raises(ValueError, match="weight_rows"):
+        ESGLD(lin_model, 1e-4, proposal_weights="uniform", weight_rows=100)
+    with pytest.raises(ValueError, match="full batch"):  # lin_model's plate is full-batch
+        run(ESGLD(lin_model, 1e-4, mh_correction="penalty"))
+
+    with pytest.raises(ValueError, match="weight_rows has no effect"):  # 'auto' is uniform here
+        run(ESGLD(lin_model, 1e-4, fast_path="generic", weight_rows=100))
+
+
+# --- the kernel core: one model trace at init, pure step, hyperparameters in the state -------
+@pytest.mark.parametrize("model_name,options", [
+    ("linear", {}),
+    ("size", {"proposal_weights": "deviance"}),
+    ("linear", {"fast_path": "generic", "proposal_weights": "uniform"}),
+])
+def test_init_runs_the_model_at_most_three_times(model_name, options, small_data):
+    """The model function is called once by the trace, once by the vectorised checks and once
+    by the start (γ = 0 draw and the weights' data rows) — for one chain or a batch of chains."""
+    X, y, yb, _ = small_data
+    model, obs = (lin_model, y) if model_name == "linear" else (size_model, yb)
+    calls = []
+
+    def counted(X, y=None):
+        calls.append(1)
+        return model(X, y)
+
+    for key in (jax.random.PRNGKey(0), jax.random.split(jax.random.PRNGKey(0), 3)):
+        calls.clear()
+        kernel = ESGLD(counted, 1e-4, max_model_size=4, **options)
+        state = kernel.init(key, 0, None, (X, obs), {})
+        assert len(calls) <= 3, len(calls)
+        assert kernel.uses_glm_path == (options.get("fast_path") != "generic")
+    assert state.z["theta"].shape == (3, 8) and np.all(np.asarray(state.z["gamma"]) == 0)
+
+
+def test_step_is_pure_with_hyperparameters_in_the_state(small_data):
+    X, y, _, _ = small_data
+    kernel = ESGLD(lin_model, 1e-4, max_model_size=4, flip_sign=False)
+    state = kernel.init(jax.random.split(jax.random.PRNGKey(0), 3), 0, None, (X, y), {})
+    attributes = dict(vars(kernel))
+    eps = jnp.array([1e-4, 1e-3, 1e-2])
+    state = kernel.replace_hyperparameters(state, step_size=eps)
+    np.testing.assert_allclose(state.hyper.step_size, eps)
+    np.testing.assert_allclose(state.step_size, eps)  # derived field refreshed
+    step = jax.jit(jax.vmap(kernel.step, in_axes=(0, None, None)))
+    new, again = step(state, (X, y), {}), step(state, (X, y), {})
+    jax.tree.map(np.testing.assert_array_equal, new, again)  # a function of the state alone
+    assert vars(kernel).keys() == attributes.keys()
+    assert all(vars(kernel)[k] is v for k, v in attributes.items())  # the kernel is not mutated
+    np.testing.assert_array_equal(new.i, 1)
+    moved = np.linalg.norm(np.asarray(new.z["theta"]) - np.asarray(state.z["theta"]), axis=1)
+    assert moved[0] < moved[1] < moved[2], moved  # each chain moved with its own ε
+
+
+def test_step_size_schedules(small_data):
+    X, y, _, _ = small_data
+    for schedule in (lambda t: 1e-4 / (1.0 + t), polynomial_schedule(1e-4, 1.0, 1.0)):
+        kernel = ESGLD(lin_model, schedule, max_model_size=4)
+        mcmc = MCMC(kernel, num_warmup=0, num_samples=4, progress_bar=False)
+        mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("step_size",))
+        np.testing.assert_allclose(mcmc.get_extra_fields()["step_size"], 1e-4 / (1.0 + np.arange(4)),
+                                   rtol=1e-5)
+    with pytest.raises(ValueError, match="step_size has shape"):
+        ESGLD(lin_model, jnp.full(3, 1e-4)).init(jax.random.PRNGKey(0), 0, None, (X, y), {})
+
+
+def test_mamba_vectorises_esgld_arms(small_data):
+    """MAMBA runs the three step sizes as one vmapped batch of the pure step (γ fixed per draw
+    in the scores, so the KSD preconditioner is an array of scales)."""
+    X, y, _, _ = small_data
+    grid = {"step_size": [1e-2, 1e-3, 1e-4]}
+    res = nsg.mamba(functools.partial(nsg.ESGLD, lin_model, max_model_size=4), grid, (X, y),
+                    time_budget=1.0, rng_key=jax.random.PRNGKey(0), preconditioner=np.ones(8),
+                    score_draws=50)
+    assert res.batches == [[0, 1, 2]]
+    assert res.best_params["step_size"] in grid["step_size"]
+    assert np.isfinite(res.rounds["score"]).all()
+    assert set(res.idata.posterior.data_vars) >= {"theta", "gamma", "beta", "inclusion"}

@@ -9,7 +9,15 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer.util import log_density
 
-from numpyro_sg.spike_slab import GLM_FAMILIES, SpikeSlabError, find_spike_slab
+from numpyro_sg.model_info import trace_model
+from numpyro_sg.spike_slab import (
+    GLM_FAMILIES,
+    SpikeSlabError,
+    find_spike_slab,
+    initial_values,
+    site_types,
+    start_fn,
+)
 
 
 def lin_model(X, y=None, n=40, slab=2.0, spike=0.1, lam=0.2):
@@ -281,3 +289,52 @@ def test_error_two_coefficient_candidates(data):
     with pytest.raises(SpikeSlabError, match="Several latent sites"):
         find_spike_slab(model, (X, y))
     assert find_spike_slab(model, (X, y), coefficient="a").coefficient == "a"
+
+
+# --- one model trace, vectorised checks, starting values ----------------------------------
+def test_given_model_info_is_not_traced_again_and_checks_run_once(data):
+    """find_spike_slab reads a given ModelInfo; all the numerical checks (structure,
+    per-coordinate prior, GLM affinity) run the model function once, vectorised."""
+    X, y, _, _ = data
+    calls = []
+
+    def counted(X, y=None):
+        calls.append(1)
+        return lin_model(X, y)
+
+    info = trace_model(counted, (X, y))
+    assert len(calls) == 1
+    ss = find_spike_slab(counted, (X, y), info=info)
+    assert len(calls) == 2
+    ref = find_spike_slab(lin_model, (X, y))
+    assert (ss.indicator, ss.coefficient, ss.plate, ss.per_coordinate_prior, ss.glm) == (
+        ref.indicator, ref.coefficient, ref.plate, ref.per_coordinate_prior, ref.glm)
+    assert site_types(counted, (X, y), info=info) == info.site_types and len(calls) == 2
+    find_spike_slab(counted, (X, y), info=info, check=False)
+    assert len(calls) == 2
+
+
+def test_start_draws_the_spike_and_reads_the_weights_rows(data):
+    X, y, _, _ = data
+    ss = find_spike_slab(lin_model, (X, y))
+    start = start_fn(ss, (X, y), {}, rows=50)
+    draws = jax.vmap(lambda k: start(k))(jax.random.split(jax.random.PRNGKey(0), 2000))
+    theta = np.asarray(draws.params["theta"])
+    np.testing.assert_allclose(theta.std(0), 0.1, rtol=0.1)  # the spike N(0, 0.1²), γ = 0
+    rows = jax.tree.map(lambda a: np.asarray(a)[0], draws.glm_rows)
+    np.testing.assert_allclose(rows.X, X[:50])
+    np.testing.assert_allclose(rows.y, y[:50])
+    np.testing.assert_allclose(rows.eta, 0.0)  # β = θ·0
+    assert rows.scale == 200 / 50
+    # the user's values are kept, and the rows read at them
+    given = start(jax.random.PRNGKey(1), {"theta": jnp.ones(6)})
+    np.testing.assert_array_equal(given.params["theta"], 1.0)
+    params, gamma = initial_values(ss, jax.random.split(jax.random.PRNGKey(2), 3), None, None,
+                                   (X, y), num_chains=3)
+    assert params["theta"].shape == (3, 6) and gamma.shape == (3, 6) and not np.any(gamma)
+    params, gamma = initial_values(ss, jax.random.PRNGKey(2), {"theta": jnp.ones(6), "gamma": jnp.ones(6)},
+                                   None, (X, y))
+    np.testing.assert_array_equal(params["theta"], 1.0)
+    np.testing.assert_array_equal(gamma, 1)
+    with pytest.raises(SpikeSlabError, match="GLM"):
+        start_fn(find_spike_slab(lin_model, (X, y), glm=False), (X, y), rows=10)

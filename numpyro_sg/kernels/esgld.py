@@ -5,7 +5,8 @@ The model (see :mod:`numpyro_sg.spike_slab`) has an indicator γ ∈ {0,1}^p, a 
 β = θ·γ.  Iteration t, with mini-batch S_t of size n out of N:
 
 1. Draw S_t.
-2. Run a short reversible-jump Metropolis–Hastings chain on γ with θ fixed at θ⁽ᵗ⁾, targeting
+2. Run a short reversible-jump Metropolis–Hastings chain on γ with θ fixed at θ⁽ᵗ⁾
+   (:func:`rjmh_indicator_chain`), targeting
 
    .. math::
 
@@ -14,14 +15,16 @@ The model (see :mod:`numpyro_sg.spike_slab`) has an indicator γ ∈ {0,1}^p, a 
       \qquad |\gamma| \le q,
 
    started from the last model of the previous iteration; its m successive states are the
-   models γ_1..γ_m (``num_models``).  Moves: birth / death / exchange, each with
-   probability 1/3 when 0 < size(S) < q, birth only at size(S) = 0, death only at size(S) = q.  Birth
-   picks j ∉ S with probability ∝ w_j, death picks j ∈ S ∝ 1 − w_j, exchange does both.
-   The acceptance ratio is the full Hastings ratio (target ratio × reverse/forward proposal
-   probabilities, the move-type probabilities at the boundaries included).  With
-   ``flip_sign=True`` (the paper's default) the sign of θ_j flips with probability ½ when j
-   enters or leaves, as part of the (symmetric) proposal; an accepted flip carries into θ.
-3. Langevin step on θ (and any other continuous site) averaged over the m models:
+   models γ_1..γ_m (``num_models``).  Moves (:func:`propose_move`): birth / death / exchange,
+   each with probability 1/3 when 0 < size(S) < q, birth only at size(S) = 0, death only at
+   size(S) = q.  Birth picks j ∉ S with probability ∝ w_j, death picks j ∈ S ∝ 1 − w_j,
+   exchange does both.  The acceptance ratio is the full Hastings ratio (target ratio ×
+   reverse/forward proposal probabilities, the move-type probabilities at the boundaries
+   included).  With ``flip_sign=True`` (the paper's default) the sign of θ_j flips with
+   probability ½ when j enters or leaves, as part of the (symmetric) proposal; an accepted
+   flip carries into θ.
+3. Langevin step on θ (and any other continuous site) averaged over the m models
+   (:func:`model_averaged_gradient`, :func:`~numpyro_sg.kernels.moves.langevin_move`):
 
    .. math::
 
@@ -31,20 +34,31 @@ The model (see :mod:`numpyro_sg.spike_slab`) has an indicator γ ∈ {0,1}^p, a 
    with log π(θ | γ, X_{n,N}) = log π(θ|γ) + (N/n)·Σ_{i∈S_t} log f(x_i | θ·γ) (the package's
    step convention θ' = θ + (ε/2)·ĝ + N(0, ε·τ); θ⁽ᵗ⁾ is θ after the accepted sign flips).
 
+One iteration is the pure function :func:`esgld_step` of the state (hyperparameters ε and τ
+included, :class:`ESGLDHyper`) and the data; the gradient is evaluated inside the iteration
+at the point the chain on γ leaves, so ``init`` runs no chain and no gradient: it traces the
+model once (:func:`~numpyro_sg.model_info.trace_model`), checks it in one vectorised run
+(:func:`~numpyro_sg.spike_slab.find_spike_slab`) and draws the start in one more
+(:func:`~numpyro_sg.spike_slab.start_fn`, which also reads the data rows of data-based
+proposal weights).
+
 Noisy acceptance (``mh_correction="penalty"``): the mini-batch estimate of the log-likelihood
 difference of a proposal, Σ_{i∈S} a_i with a_i = (N/n)·Δℓ_i, has variance
 σ̂² = n·var_i(a_i) = (N²/n)·var_i(Δℓ_i) (times 1 − n/N without replacement); the penalty
-method for noisy Metropolis–Hastings subtracts σ̂²/2 from the log acceptance ratio.
+method for noisy Metropolis–Hastings subtracts σ̂²/2 from the log acceptance ratio
+(:func:`penalty`).
 
 Cost: for GLM likelihoods (linear predictor η = X·β; see :mod:`numpyro_sg.spike_slab`) a
 proposal updates η for its one or two changed coordinates, O(n) (plus O(p) to pick the
-coordinates); otherwise each proposal evaluates the model on the mini-batch.  The Langevin
-step costs m model gradients on the mini-batch.  Nothing is O(N) per iteration.
+coordinates; :func:`glm_indicator_target`); otherwise each proposal evaluates the model on
+the mini-batch (:func:`generic_indicator_target`).  The Langevin step costs m model
+gradients on the mini-batch.  Nothing is O(N) per iteration.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from dataclasses import dataclass, fields
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -53,22 +67,58 @@ from jax import lax, random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import constrain_fn
 
-from numpyro_sg.kernels.base import SGKernel, all_finite, jit_with_data, split_init_key
-from numpyro_sg.minibatch import Minibatcher, discover_plates, full_data, with_indices
+from numpyro_sg.kernels.base import (
+    SGKernel,
+    all_finite,
+    check_choice,
+    check_positive,
+    jit_with_data,
+    split_init_key,
+)
+from numpyro_sg.kernels.moves import (
+    CallableSchedule,
+    PolynomialSchedule,
+    freeze,
+    langevin_move,
+    langevin_noise_variance,
+    step_size_at,
+)
+from numpyro_sg.minibatch import Minibatcher, full_data, subsample_plates, with_indices
+from numpyro_sg.model_info import trace_model
 from numpyro_sg.spike_slab import (
+    GLMBatch,
+    GLMFamily,
+    SpikeSlab,
     effective_site_name,
     find_spike_slab,
     init_to_spike,
-    initial_values,
-    site_types,
+    start_fn,
 )
 
 __all__ = [
     "ESGLD",
     "ESGLDState",
+    "ESGLDHyper",
+    "ESGLDSetup",
+    "ESGLDOptions",
+    "esgld_step",
+    "esgld_initial_state",
+    "esgld_hyperparameters",
+    "DEFAULT_WEIGHT_ROWS",
     "move_probabilities",
     "propose_move",
+    "apply_proposal",
     "Proposal",
+    "IndicatorTarget",
+    "IndicatorChain",
+    "rjmh_indicator_chain",
+    "generic_indicator_target",
+    "glm_indicator_target",
+    "coordinate_table",
+    "indicator_target",
+    "model_averaged_gradient",
+    "resolve_proposal_weights",
+    "proposal_weights",
     "correlation_weights",
     "deviance_weights",
     "penalty",
@@ -77,16 +127,25 @@ __all__ = [
 
 _WEIGHT_KINDS = ("auto", "correlation", "deviance", "uniform")
 _CORRECTIONS = (None, "penalty")
+_FAST_PATHS = ("auto", "glm", "generic")
 _W_MIN = 1e-6
+#: rows of the data read for data-based proposal weights when ``weight_rows`` is not given
+DEFAULT_WEIGHT_ROWS = 20_000
 
 
 # -------------------------------------------------------------------------------------------
-# pure building blocks
+# proposals on γ
 # -------------------------------------------------------------------------------------------
 def move_probabilities(size, max_size):
     """(P(birth), P(death), P(exchange)) for a current model S of size ``size`` (supp. §3).
 
     1/3 each when 0 < size(S) < q; birth only at size(S) = 0; death only at size(S) = q.
+
+    **Example:**
+
+    .. code-block:: python
+
+        move_probabilities(jnp.array([0, 1, 3]), 3)   # births (1, 1/3, 0), deaths (0, 1/3, 1), …
     """
     size = jnp.asarray(size)
     third = jnp.float32(1.0 / 3.0)
@@ -99,10 +158,11 @@ def move_probabilities(size, max_size):
 class Proposal(NamedTuple):
     """A birth / death / exchange proposal.
 
-    ``j_out`` leaves the model (death, exchange), ``j_in`` enters it (birth, exchange);
-    ``has_out``/``has_in`` say whether each slot is used (an unused slot's index is a
-    placeholder); ``s_out``/``s_in`` ∈ {−1, +1} are the sign flips of θ; ``log_q_ratio`` is
-    log q(reverse)/q(forward); ``valid`` is False for a degenerate draw (rejected).
+    ``move`` 0 birth, 1 death, 2 exchange; ``j_out`` leaves the model (death, exchange),
+    ``j_in`` enters it (birth, exchange); ``has_out``/``has_in`` say whether each slot is
+    used (an unused slot's index is a placeholder); ``s_out``/``s_in`` ∈ {−1, +1} are the sign
+    flips of θ; ``log_q_ratio`` is log q(reverse)/q(forward); ``valid`` is False for a
+    degenerate draw (rejected).
     """
 
     move: Any
@@ -124,13 +184,20 @@ def _pick(key, mass):
     return j, mass[j] > 0
 
 
-def propose_move(key, gamma, weights, max_size, flip_sign=True):
+def propose_move(key, gamma, weights, max_size, flip_sign=True) -> Proposal:
     """Draw a reversible-jump proposal from model γ (supp. §3) and its Hastings log-ratio.
 
     Birth S → S ∪ {j}: q = P_b(size(S))·w_j/Σ_{k∉S} w_k, reverse P_d(size(S)+1)·(1−w_j)/Σ_{k∈S∪{j}}(1−w_k).
     Death S → S∖{j}: q = P_d(size(S))·(1−w_j)/Σ_{k∈S}(1−w_k), reverse P_b(size(S)−1)·w_j/Σ_{k∉S∖{j}} w_k.
     Exchange (j out, k in): q = P_e·(1−w_j)/Σ_{S}(1−w)·w_k/Σ_{∉S} w, reverse likewise from
     S' = S∖{j}∪{k}.  Sign flips (probability ½ each) are symmetric and add no factor.
+
+    **Example:**
+
+    .. code-block:: python
+
+        prop = propose_move(key, jnp.zeros(4, jnp.int32), jnp.array([0.2, 0.5, 0.8, 0.4]), 2)
+        prop.move, prop.j_in     # 0 (birth: the only move from the empty model), j ∝ w_j
     """
     k_move, k_in, k_out, k_s1, k_s2 = random.split(key, 5)
     g = gamma.astype(weights.dtype)
@@ -167,8 +234,16 @@ def propose_move(key, gamma, weights, max_size, flip_sign=True):
     return Proposal(move, j_out, j_in, has_out, has_in, s_out, s_in, jnp.where(valid, log_q, 0.0), valid)
 
 
-def apply_proposal(gamma, theta, prop):
-    """(γ', θ') after a proposal (slot by slot, so a placeholder index never clobbers)."""
+def apply_proposal(gamma, theta, prop: Proposal):
+    """(γ', θ') after a proposal: γ_{j_out} ← 0, γ_{j_in} ← 1, θ_j ← s_j·θ_j for the used slots
+    (slot by slot, so a placeholder index never clobbers).
+
+    **Example:**
+
+    .. code-block:: python
+
+        gamma2, theta2 = apply_proposal(gamma, theta, propose_move(key, gamma, w, q))
+    """
     g1 = gamma.at[prop.j_out].set(jnp.where(prop.has_out, 0, gamma[prop.j_out]).astype(gamma.dtype))
     g2 = g1.at[prop.j_in].set(jnp.where(prop.has_in, 1, g1[prop.j_in]).astype(gamma.dtype))
     t1 = theta.at[prop.j_out].multiply(jnp.where(prop.has_out, prop.s_out, 1.0))
@@ -177,15 +252,259 @@ def apply_proposal(gamma, theta, prop):
 
 
 def penalty(delta_terms, fpc=1.0):
-    """σ̂²/2 with σ̂² = n·var_i(a_i)·fpc, a_i the scaled per-datum log-likelihood differences."""
+    """σ̂²/2 with σ̂² = n·var_i(a_i)·fpc, a_i the scaled per-datum log-likelihood differences.
+
+    The penalty method for a noisy Metropolis–Hastings ratio subtracts it from the log
+    acceptance ratio; ``fpc`` is the finite-population correction (1 − n/N without
+    replacement, 1 with replacement).  Zero for n < 2.
+
+    **Example:**
+
+    .. code-block:: python
+
+        penalty(jnp.array([1.0, -1.0, 3.0]))    # 0.5 · 3 · var = 6.0
+    """
     n = delta_terms.shape[0]
     if n < 2:
         return jnp.zeros((), delta_terms.dtype)
     return 0.5 * n * jnp.var(delta_terms, ddof=1) * fpc
 
 
+# -------------------------------------------------------------------------------------------
+# the reversible-jump chain on γ
+# -------------------------------------------------------------------------------------------
+class IndicatorTarget(NamedTuple):
+    """How :func:`rjmh_indicator_chain` evaluates log π(γ, θ | X_S) (pure callables).
+
+    ``init(gamma, theta) -> carry`` evaluates the start; ``update(carry, gamma, theta, gamma2,
+    theta2, proposal) -> (d_log_prior, d_terms, carry2)`` the proposal (γ2, θ2): the change of
+    the log prior (every site outside the plate) and of the (n,) scaled per-datum
+    log-likelihood terms, and the carry at (γ2, θ2).  Build one with
+    :func:`generic_indicator_target`, :func:`glm_indicator_target` or :func:`indicator_target`.
+    """
+
+    init: Callable
+    update: Callable
+
+
+class IndicatorChain(NamedTuple):
+    """Result of :func:`rjmh_indicator_chain`: ``gamma`` the last model (int32, (p,)), ``theta``
+    θ after the accepted sign flips, ``gammas`` the chain's states (num_steps, p),
+    ``num_accepted`` the number of accepted proposals."""
+
+    gamma: Any
+    theta: Any
+    gammas: Any
+    num_accepted: Any
+
+
+def rjmh_indicator_chain(key, gamma, theta, weights, target: IndicatorTarget, *, num_steps: int,
+                         max_size: int, flip_sign: bool = True, penalty_fpc=None) -> IndicatorChain:
+    r"""``num_steps`` reversible-jump Metropolis–Hastings steps on γ with θ fixed (up to sign
+    flips), targeting π(γ | θ, X_S) ∝ π(γ)·π(θ|γ)·exp(Σ_i terms_i), size(γ) ≤ q = ``max_size``.
+
+    Each step draws a proposal (:func:`propose_move`, weights w, optional sign flips),
+    evaluates it with ``target`` and accepts it with probability
+    min(1, exp(Δ log prior + Σ_i Δterms_i + log q(reverse)/q(forward) − pen)), pen the
+    :func:`penalty` of the Δterms when ``penalty_fpc`` is given (its finite-population
+    correction), else 0.  Pure: ``lax.scan`` over ``random.split(key, num_steps)``.
+
+    :param key: PRNG key.
+    :param gamma: the starting model, (p,) in {0, 1}.
+    :param theta: θ (p,), fixed but for accepted sign flips.
+    :param weights: proposal weights w (p,) in (0, 1).
+    :param target: an :class:`IndicatorTarget`.
+    :return: an :class:`IndicatorChain`.
+
+    **Example:** a target without likelihood, log π(γ) = Σ_j a_j·γ_j:
+
+    .. code-block:: python
+
+        target = IndicatorTarget(
+            init=lambda g, th: jnp.zeros(()),
+            update=lambda c, g, th, g2, th2, prop: (jnp.sum(a * (g2 - g)), jnp.zeros(1), c))
+        chain = rjmh_indicator_chain(key, jnp.zeros(p, jnp.int32), theta, w, target,
+                                     num_steps=300, max_size=3, flip_sign=False)
+    """
+    gamma = jnp.asarray(gamma).astype(jnp.int32)
+
+    def body(carry, k):
+        gam, th, ev, n_acc = carry
+        k_prop, k_acc = random.split(k)
+        prop = propose_move(k_prop, gam, weights, max_size, flip_sign)
+        gam2, th2 = apply_proposal(gam, th, prop)
+        d_prior, d_terms, ev2 = target.update(ev, gam, th, gam2, th2, prop)
+        log_alpha = d_prior + jnp.sum(d_terms) + prop.log_q_ratio
+        if penalty_fpc is not None:
+            log_alpha = log_alpha - penalty(d_terms, penalty_fpc)
+        accept = prop.valid & (jnp.log(random.uniform(k_acc, (), th.dtype)) < log_alpha)
+        kept = freeze(~accept, (gam, th, ev), (gam2, th2, ev2))  # old unless accepted
+        return kept + (n_acc + accept.astype(jnp.int32),), kept[0]
+
+    carry0 = (gamma, theta, target.init(gamma, theta), jnp.int32(0))
+    (gam, th, _, n_acc), gammas = lax.scan(body, carry0, random.split(key, num_steps))
+    return IndicatorChain(gam, th, gammas, n_acc)
+
+
+def generic_indicator_target(terms: Callable) -> IndicatorTarget:
+    """The target evaluated by the model: ``terms(theta, gamma) -> (log_prior, (n,) terms)`` at
+    every proposal (O(n·p) for a GLM; e.g. ``SpikeSlab.terms_fn`` with the other values and
+    the indices bound).
+
+    **Example:**
+
+    .. code-block:: python
+
+        fn = ss.terms_fn((X, y))
+        target = generic_indicator_target(lambda th, g: fn({"theta": th}, g, indices))
+    """
+
+    def update(carry, gamma, theta, gamma2, theta2, prop):
+        lp2, terms2 = terms(theta2, gamma2)
+        return lp2 - carry[0], terms2 - carry[1], (lp2, terms2)
+
+    return IndicatorTarget(lambda gamma, theta: terms(theta, gamma), update)
+
+
+def coordinate_table(prior_at_theta, prior_at_minus_theta):
+    """table[s, g, j] = log p(γ_j = g) + log p(±θ_j | γ_j = g), s = 0 for +θ_j, 1 for −θ_j, from
+    the :class:`~numpyro_sg.spike_slab.CoordinatePrior` at θ and at −θ: shape (2, 2, p).
+
+    **Example:**
+
+    .. code-block:: python
+
+        cp = ss.coordinate_prior_fn((X, y))
+        table = coordinate_table(cp(values, theta), cp(values, -theta))
+    """
+    return jnp.stack([
+        jnp.stack([cp.indicator0 + cp.coefficient0, cp.indicator1 + cp.coefficient1])
+        for cp in (prior_at_theta, prior_at_minus_theta)
+    ])
+
+
+def glm_indicator_target(batch: GLMBatch, family: GLMFamily, theta0, prior) -> IndicatorTarget:
+    """The O(n)-per-proposal target of a GLM likelihood.
+
+    The linear predictor η of the mini-batch (``batch`` at β = θ0·γ) is updated for the one or
+    two changed coordinates, η' = η + X[:, j_in]·θ'_{j_in} − X[:, j_out]·θ_{j_out}, and the terms
+    are ``batch.scale * family.loglik(η', y, params)``.  ``prior`` is either a
+    :func:`coordinate_table` (2, 2, p) — O(1) per proposal, exact when the prior is
+    per-coordinate; the sign of θ_j relative to ``theta0`` picks the row — or a callable
+    ``prior(theta, gamma) -> log prior`` (every site outside the plate, O(p)).
+
+    **Example:**
+
+    .. code-block:: python
+
+        batch = ss.glm_batch_fn((X, y))(values, theta * gamma, indices)
+        target = glm_indicator_target(batch, ss.glm.family, theta, table)
+    """
+    Xt = batch.X.T  # (p, n): contiguous rows for the O(n) column updates
+
+    def loglik_terms(eta):
+        return batch.scale * family.loglik(eta, batch.y, batch.params)
+
+    def eta_after(eta, theta, theta2, prop):
+        d_in = jnp.where(prop.has_in, theta2[prop.j_in], 0.0)
+        d_out = jnp.where(prop.has_out, -theta[prop.j_out], 0.0)
+        return eta + Xt[prop.j_in] * d_in + Xt[prop.j_out] * d_out
+
+    if callable(prior):
+        def init(gamma, theta):
+            return batch.eta, loglik_terms(batch.eta), prior(theta, gamma)
+
+        def update(carry, gamma, theta, gamma2, theta2, prop):
+            eta, terms, lp = carry
+            eta2 = eta_after(eta, theta, theta2, prop)
+            terms2, lp2 = loglik_terms(eta2), prior(theta2, gamma2)
+            return lp2 - lp, terms2 - terms, (eta2, terms2, lp2)
+
+        return IndicatorTarget(init, update)
+
+    def slot(j, has, gamma, theta, gamma2, theta2):
+        old = prior[(theta[j] != theta0[j]).astype(jnp.int32), gamma[j], j]
+        new = prior[(theta2[j] != theta0[j]).astype(jnp.int32), gamma2[j], j]
+        return jnp.where(has, new - old, 0.0)
+
+    def update_table(carry, gamma, theta, gamma2, theta2, prop):
+        eta, terms = carry
+        d_prior = (slot(prop.j_out, prop.has_out, gamma, theta, gamma2, theta2)
+                   + slot(prop.j_in, prop.has_in, gamma, theta, gamma2, theta2))
+        eta2 = eta_after(eta, theta, theta2, prop)
+        terms2 = loglik_terms(eta2)
+        return d_prior, terms2 - terms, (eta2, terms2)
+
+    return IndicatorTarget(lambda gamma, theta: (batch.eta, loglik_terms(batch.eta)), update_table)
+
+
+def indicator_target(ss: SpikeSlab, values, gamma, indices, model_args=(),
+                     model_kwargs=None) -> IndicatorTarget:
+    """The :class:`IndicatorTarget` of a spike-and-slab model at constrained ``values`` (θ among
+    them) and model ``gamma`` on the data ``indices``: :func:`glm_indicator_target` for a GLM
+    likelihood (with a :func:`coordinate_table` when the prior is per-coordinate, else the
+    prior sites), otherwise :func:`generic_indicator_target`.
+
+    **Example:**
+
+    .. code-block:: python
+
+        target = indicator_target(ss, {"theta": theta}, gamma, {"data": idx}, (X, y))
+        chain = rjmh_indicator_chain(key, gamma, theta, w, target, num_steps=10, max_size=q)
+    """
+    coef = ss.coefficient
+    theta = values[coef]
+    if ss.glm is None:
+        terms = ss.terms_fn(model_args, model_kwargs)
+        return generic_indicator_target(lambda th, g: terms({**values, coef: th}, g, indices))
+    batch = ss.glm_batch_fn(model_args, model_kwargs)(values, theta * gamma, indices)
+    if ss.per_coordinate_prior:
+        cp = ss.coordinate_prior_fn(model_args, model_kwargs)
+        both = jax.vmap(lambda t: cp(values, t))(jnp.stack([theta, -theta]))
+        prior = coordinate_table(*(jax.tree.map(lambda a, s=s: a[s], both) for s in (0, 1)))
+    else:
+        prior_fn = ss.prior_fn(model_args, model_kwargs)
+
+        def prior(th, g):
+            return prior_fn({**values, coef: th}, g)
+
+    return glm_indicator_target(batch, ss.glm.family, theta, prior)
+
+
+def model_averaged_gradient(log_density: Callable, unravel: Callable, flat, gammas, indices):
+    """``(value, gradient)`` of (1/m)·Σ_k log π(θ | γ_k, X_S) at the flat unconstrained point.
+
+    ``log_density(params, gamma, indices)`` as :meth:`SpikeSlab.log_density_fn
+    <numpyro_sg.spike_slab.SpikeSlab.log_density_fn>`, ``gammas`` the m models (m, p): the
+    model-averaged gradient of the Langevin step (SPEC §5 step 3), one vectorised evaluation.
+
+    **Example:**
+
+    .. code-block:: python
+
+        value, grad = model_averaged_gradient(ss.log_density_fn((X, y)), unravel, flat,
+                                              chain.gammas, indices)
+    """
+
+    def mean_log_density(x):
+        params = unravel(x)
+        return jnp.mean(jax.vmap(lambda g: log_density(params, g, indices))(gammas))
+
+    return jax.value_and_grad(mean_log_density)(flat)
+
+
+# -------------------------------------------------------------------------------------------
+# proposal weights
+# -------------------------------------------------------------------------------------------
 def correlation_weights(X, y):
-    """w_j = exp(abs(corr(y, x_j)) − 1) (supp. §3, linear models); constant columns get exp(−1)."""
+    """w_j = exp(abs(corr(y, x_j)) − 1) (supp. §3, linear models); constant columns get exp(−1).
+
+    **Example:**
+
+    .. code-block:: python
+
+        correlation_weights(X[:20_000], y[:20_000])      # (p,) in (0, 1)
+    """
     X = jnp.asarray(X)
     y = jnp.asarray(y, X.dtype)
     n = X.shape[0]
@@ -204,6 +523,12 @@ def deviance_weights(X, y, family, params=None, newton_steps=8):
     d_j is the deviance (−2 × maximised log-likelihood) of the model with an intercept and x_j
     only, fitted by ``newton_steps`` Newton steps for all j at once; constant columns (an
     intercept) get the largest weight exp(−0.1), as in the paper.
+
+    **Example:**
+
+    .. code-block:: python
+
+        deviance_weights(X, y, GLM_FAMILIES["bernoulli"])      # (p,) in (0, 1)
     """
     X = jnp.asarray(X)
     y = jnp.asarray(y, X.dtype)
@@ -237,24 +562,92 @@ def deviance_weights(X, y, family, params=None, newton_steps=8):
     return jnp.clip(jnp.where(jnp.isfinite(w), w, _W_MIN), _W_MIN, 1 - _W_MIN)
 
 
+
+def resolve_proposal_weights(kind, glm, num_coefficients):
+    """The proposal-weight kind of a model: ``"auto"`` becomes ``"correlation"`` for a Gaussian
+    GLM likelihood, ``"deviance"`` for another GLM and ``"uniform"`` otherwise; an array is
+    checked to have p entries.  Raises ``ValueError`` for data-based weights without a GLM
+    likelihood (``glm`` is the model's :class:`~numpyro_sg.spike_slab.GLMInfo` or ``None``).
+
+    **Example:**
+
+    .. code-block:: python
+
+        resolve_proposal_weights("auto", ss.glm, ss.num_coefficients)     # 'correlation'
+    """
+    if not isinstance(kind, str):
+        w = np.asarray(kind, dtype=float)
+        if w.shape != (num_coefficients,):
+            raise ValueError(
+                f"proposal_weights has shape {w.shape}; the model has p = {num_coefficients} coefficients."
+            )
+        return w
+    if kind == "auto":
+        if glm is None:
+            return "uniform"
+        return "correlation" if glm.family_name == "gaussian" else "deviance"
+    if kind in ("correlation", "deviance") and glm is None:
+        raise ValueError(
+            f"proposal_weights={kind!r} needs a GLM likelihood (linear predictor X·β), "
+            "which was not detected for this model; use 'uniform' or an array."
+        )
+    return kind
+
+
+def proposal_weights(kind, num_coefficients, glm_rows: GLMBatch | None = None, family=None):
+    """The proposal weights w (p,) in (0, 1) of a resolved ``kind``
+    (:func:`resolve_proposal_weights`): an array as given (clipped to [1e-6, 1 − 1e-6]),
+    ``"uniform"`` w_j = ½, ``"correlation"`` :func:`correlation_weights` or ``"deviance"``
+    :func:`deviance_weights` of the data rows ``glm_rows`` (a
+    :class:`~numpyro_sg.spike_slab.GLMBatch`, e.g. ``start_fn(..., rows=…)``'s) of the GLM
+    ``family``.
+
+    **Example:**
+
+    .. code-block:: python
+
+        start = start_fn(ss, (X, y), rows=20_000)(key)
+        w = proposal_weights("correlation", ss.num_coefficients, start.glm_rows)
+    """
+    dtype = jnp.result_type(float)
+    if not isinstance(kind, str):
+        return jnp.clip(jnp.asarray(kind, dtype), _W_MIN, 1 - _W_MIN)
+    if kind == "uniform":
+        return jnp.full((num_coefficients,), 0.5, dtype)
+    if kind == "correlation":
+        return correlation_weights(glm_rows.X, glm_rows.y)
+    params = {k: v[:, None] for k, v in glm_rows.params.items()}
+    return deviance_weights(glm_rows.X, glm_rows.y, family, params)
+
+
 # -------------------------------------------------------------------------------------------
-# the kernel
+# the chain's state and one iteration
 # -------------------------------------------------------------------------------------------
+class ESGLDHyper(NamedTuple):
+    """Hyperparameters of :class:`ESGLD` held in its state: ``step_size`` ε (a scalar, one entry
+    per unconstrained continuous coordinate, or a schedule pytree evaluated at the iteration
+    counter with :func:`~numpyro_sg.kernels.moves.step_size_at`) and ``temperature`` τ."""
+
+    step_size: Any
+    temperature: Any
+
+
 class ESGLDState(NamedTuple):
     """State of :class:`ESGLD`.
 
     ``i`` iteration counter (warmup included); ``z`` a dict of the unconstrained continuous
     sites, the indicator (int32, the last model γ_m of the inner chain) and the inclusion
-    frequency (1/m)·Σ_k γ_k; ``z_grad`` the model-averaged stochastic gradient at ``z``
-    (flat, continuous sites); ``step_size`` the ε that produced ``z``; ``accept_rate`` the
-    fraction of the m reversible-jump proposals accepted; ``model_size`` size(γ_m); ``weights``
-    the proposal weights w; ``diverging`` True from the first non-finite state or gradient on.
+    frequency (1/m)·Σ_k γ_k; ``step_size`` the ε that produced ``z``; ``hyper`` the
+    :class:`ESGLDHyper`; ``accept_rate`` the fraction of the m reversible-jump proposals
+    accepted; ``model_size`` size(γ_m); ``weights`` the proposal weights w; ``diverging``
+    True from the first non-finite state or gradient on (the chain is then frozen);
+    ``batch_state`` the index-drawing state; ``rng_key`` the chain's key.
     """
 
     i: Any
     z: Any
-    z_grad: Any
     step_size: Any
+    hyper: Any
     accept_rate: Any
     model_size: Any
     weights: Any
@@ -263,34 +656,249 @@ class ESGLDState(NamedTuple):
     rng_key: Any
 
 
+def esgld_hyperparameters(step_size, temperature, dim: int) -> ESGLDHyper:
+    """The :class:`ESGLDHyper` of the options: a plain callable step size is wrapped in a
+    :class:`~numpyro_sg.kernels.moves.CallableSchedule`; an array must have ``dim`` entries.
+
+    **Example:**
+
+    .. code-block:: python
+
+        esgld_hyperparameters(1e-6, 1.0, dim=2001)
+    """
+    dtype = jnp.result_type(float)
+    if callable(step_size) and not isinstance(step_size, (PolynomialSchedule, CallableSchedule)):
+        step_size = CallableSchedule(step_size)
+    if not callable(step_size):
+        step_size = jnp.asarray(step_size, dtype)
+        if step_size.ndim > 1 or (step_size.ndim == 1 and step_size.shape != (dim,)):
+            raise ValueError(
+                f"step_size has shape {step_size.shape} but the model has {dim} unconstrained "
+                "continuous coordinates."
+            )
+    return ESGLDHyper(step_size, jnp.asarray(temperature, dtype))
+
+
+@dataclass(frozen=True)
+class ESGLDSetup:
+    """Static configuration of an ESGLD chain, built by :meth:`ESGLD.init` from one model trace.
+
+    ``spike_slab`` the model's :class:`~numpyro_sg.spike_slab.SpikeSlab`; ``minibatcher`` its
+    index drawing; ``unravel`` flat → dict of the unconstrained continuous sites; ``dim`` their
+    number of coordinates; ``max_model_size`` q; ``num_models`` m; ``flip_sign``;
+    ``penalty_fpc`` the finite-population correction of the penalty (``None``: no penalty);
+    ``inclusion_name`` / ``effective_name`` the names of the inclusion frequency and of
+    β = θ·γ in the output; ``weight_kind`` the resolved proposal weights
+    (:func:`resolve_proposal_weights`) and ``weight_rows`` the data rows they read (``None``
+    for weights that read no data).
+    """
+
+    spike_slab: SpikeSlab
+    minibatcher: Minibatcher
+    unravel: Callable
+    dim: int
+    max_model_size: int
+    num_models: int = 10
+    flip_sign: bool = True
+    penalty_fpc: float | None = None
+    inclusion_name: str = "inclusion"
+    effective_name: str = "beta"
+    weight_kind: Any = "uniform"
+    weight_rows: int | None = None
+
+    @property
+    def full_batch(self) -> bool:
+        """True when every iteration uses all N data (subsample size n = N)."""
+        plate = self.spike_slab.plate
+        return plate.subsample_size == plate.size
+
+    def draw(self, key, batch_state):
+        """``(indices, new batch state)`` of the next mini-batch (all N data when full-batch)."""
+        if self.full_batch:
+            return self.spike_slab.full_indices(), batch_state
+        return self.minibatcher.draw(key, batch_state)
+
+    def pack(self, flat, gammas) -> dict:
+        """The state's ``z``: continuous sites, the last model γ_m and the inclusion frequency."""
+        z = dict(self.unravel(flat))
+        z[self.spike_slab.indicator] = gammas[-1].astype(jnp.int32)
+        z[self.inclusion_name] = jnp.mean(gammas.astype(flat.dtype), 0)
+        return z
+
+    def unpack(self, z):
+        """``(continuous params, γ)`` of the state's ``z``."""
+        z = dict(z)
+        gamma = z.pop(self.spike_slab.indicator)
+        z.pop(self.inclusion_name)
+        return z, gamma
+
+
+def esgld_initial_state(setup: ESGLDSetup, params, gamma, weights, hyper: ESGLDHyper, key) -> ESGLDState:
+    """The state at the start ``(params, γ)``: no chain has run (``accept_rate`` 0, inclusion
+    frequency γ).
+
+    **Example:**
+
+    .. code-block:: python
+
+        state = esgld_initial_state(setup, {"theta": theta0}, jnp.zeros(p, jnp.int32), w, hyper, key)
+    """
+    flat = ravel_pytree(params)[0].astype(jnp.result_type(float))
+    key, key_batch = random.split(key)
+    gamma = jnp.asarray(gamma).astype(jnp.int32)
+    return ESGLDState(
+        i=jnp.int32(0),
+        z=setup.pack(flat, gamma[None]),
+        step_size=step_size_at(hyper.step_size, 0, flat.dtype),
+        hyper=hyper,
+        accept_rate=jnp.zeros((), flat.dtype),
+        model_size=jnp.sum(gamma).astype(jnp.int32),
+        weights=weights,
+        diverging=jnp.array(False),
+        batch_state=setup.minibatcher.init_batch_state(key_batch),
+        rng_key=key,
+    )
+
+
+def esgld_step(setup: ESGLDSetup, state: ESGLDState, model_args, model_kwargs) -> ESGLDState:
+    r"""One ESGLD iteration of one chain (pure; SPEC §5):
+
+    1. draw the mini-batch S;
+    2. m = ``num_models`` reversible-jump steps on γ at θ (:func:`rjmh_indicator_chain` on
+       :func:`indicator_target`), accepted sign flips carried into θ;
+    3. θ' = θ + (ε/2)·(1/m)·Σ_k ∇ log π(θ | γ_k, X_S) + N(0, ε·τ·I)
+       (:func:`model_averaged_gradient`, :func:`~numpyro_sg.kernels.moves.langevin_move`),
+       ε = ε_t of ``state.hyper``.
+
+    A non-finite θ', log density or gradient freezes the chain at its state
+    (:func:`~numpyro_sg.kernels.moves.freeze`) and sets ``diverging`` from then on.
+
+    **Example:**
+
+    .. code-block:: python
+
+        state = jax.jit(lambda s: esgld_step(kernel.setup, s, (X, y), {}))(state)
+    """
+    ss = setup.spike_slab
+    key, key_batch, key_rj, key_noise = random.split(state.rng_key, 4)
+    params, gamma = setup.unpack(state.z)
+    indices, batch_state = setup.draw(key_batch, state.batch_state)
+    values = ss.constrain_fn(model_args, model_kwargs)(params, gamma)
+    chain = rjmh_indicator_chain(
+        key_rj, gamma, values[ss.coefficient], state.weights,
+        indicator_target(ss, values, gamma, indices, model_args, model_kwargs),
+        num_steps=setup.num_models, max_size=setup.max_model_size, flip_sign=setup.flip_sign,
+        penalty_fpc=setup.penalty_fpc,
+    )
+    # θ is real-valued: its unconstrained value is itself
+    params = {**params, ss.coefficient: chain.theta.astype(jnp.asarray(params[ss.coefficient]).dtype)}
+    flat = ravel_pytree(params)[0]
+    value, grad = model_averaged_gradient(ss.log_density_fn(model_args, model_kwargs), setup.unravel,
+                                          flat, chain.gammas, indices)
+    eps = step_size_at(state.hyper.step_size, state.i, flat.dtype)
+    noise = random.normal(key_noise, flat.shape, flat.dtype)
+    new_flat = langevin_move(flat, grad, eps, noise, langevin_noise_variance(eps, state.hyper.temperature))
+    diverging = state.diverging | ~(all_finite(new_flat) & jnp.isfinite(value) & all_finite(grad))
+    return state._replace(
+        i=state.i + 1,
+        z=freeze(diverging, state.z, setup.pack(new_flat, chain.gammas)),
+        step_size=eps,
+        accept_rate=chain.num_accepted.astype(flat.dtype) / setup.num_models,
+        model_size=freeze(diverging, state.model_size, jnp.sum(chain.gamma).astype(jnp.int32)),
+        diverging=diverging,
+        batch_state=batch_state,
+        rng_key=key,
+    )
+
+
+# -------------------------------------------------------------------------------------------
+# the kernel
+# -------------------------------------------------------------------------------------------
+def _is_int_at_least(value, minimum) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= minimum
+
+
+@dataclass(frozen=True)
+class ESGLDOptions:
+    """The static options of :class:`ESGLD`, validated on construction (see :class:`ESGLD` for
+    their meaning); an array of proposal weights is held as a tuple.
+
+    **Example:**
+
+    .. code-block:: python
+
+        ESGLDOptions(num_models=10, max_model_size=50).max_model_size     # 50
+    """
+
+    num_models: int = 10
+    max_model_size: int | None = None
+    proposal_weights: Any = "auto"
+    flip_sign: bool = True
+    mh_correction: str | None = None
+    indicator: str | None = None
+    coefficient: str | None = None
+    fast_path: str = "auto"
+    effective_name: str | None = None
+    inclusion_name: str = "inclusion"
+    weight_rows: int | None = None
+
+    def __post_init__(self):
+        if not _is_int_at_least(self.num_models, 1):
+            raise ValueError(f"num_models must be an int ≥ 1, got {self.num_models!r}.")
+        if self.max_model_size is not None and not _is_int_at_least(self.max_model_size, 1):
+            raise ValueError(f"max_model_size must be an int ≥ 1 (and ≤ p), got {self.max_model_size!r}.")
+        check_choice("mh_correction", self.mh_correction, _CORRECTIONS)
+        check_choice("fast_path", self.fast_path, _FAST_PATHS)
+        weights = self.proposal_weights
+        if isinstance(weights, str):
+            check_choice("proposal_weights", weights, _WEIGHT_KINDS + ("an array",))
+        else:
+            w = np.asarray(weights, dtype=float)
+            if w.ndim != 1 or not np.all((w > 0) & (w < 1)):
+                raise ValueError("proposal_weights as an array must be a vector of values in (0, 1).")
+            object.__setattr__(self, "proposal_weights", tuple(float(v) for v in w))
+        if self.weight_rows is not None:
+            if not _is_int_at_least(self.weight_rows, 1):
+                raise ValueError(f"weight_rows must be an int ≥ 1, got {self.weight_rows!r}.")
+            if not isinstance(weights, str) or weights == "uniform":
+                raise ValueError(
+                    "weight_rows applies only to data-based proposal weights ('correlation', "
+                    f"'deviance' or 'auto'); it has no effect with proposal_weights={weights!r}."
+                )
+
+
 class ESGLD(SGKernel):
     r"""Extended SGLD for Bayesian variable selection with a spike-and-slab NumPyro model.
 
     Each iteration draws a mini-batch, runs ``num_models`` steps of a reversible-jump MH
     chain on the indicator γ (θ fixed), then moves θ by one Langevin step averaged over the
     m models: θ' = θ + (ε/(2m))·Σ_k ∇_θ log π(θ | γ_k, X_{n,N}) + N(0, ε·τ·I) (the package's
-    convention θ' = θ + (ε/2)·ĝ + N(0, ε·τ)).  See :mod:`numpyro_sg.kernels.esgld` for the
-    moves and the Hastings ratio.
+    convention θ' = θ + (ε/2)·ĝ + N(0, ε·τ)).  The class is a shell around the pure
+    :func:`esgld_step`; see :mod:`numpyro_sg.kernels.esgld` for the moves and the Hastings
+    ratio.
 
     :param model: NumPyro model with a subsample plate, an indicator site (Bernoulli, shape
         (p,)) and a coefficient site (real, shape (p,)) entering the likelihood only through
         their product (see :mod:`numpyro_sg.spike_slab`).
     :param step_size: ε > 0: a float, an array over the flat unconstrained continuous sites,
-        or a callable schedule t ↦ ε_t (e.g. :func:`~numpyro_sg.polynomial_schedule`).
-        The paper uses ε ≈ 1/N or smaller (1e-6 at N = 50,000 for the linear example).
+        or a schedule t ↦ ε_t (:func:`~numpyro_sg.polynomial_schedule`, or any callable).
+        The paper uses ε ≈ 1/N or smaller (1e-6 at N = 50,000 for the linear example).  Held
+        in the state (:class:`ESGLDHyper`), so :func:`numpyro_sg.mamba` can vary it across
+        vectorised arms.
     :param int num_models: m, the number of RJ-MH steps (models) per iteration (paper: 10).
     :param max_model_size: q, models are truncated to size(γ) ≤ q (1 ≤ q ≤ p; default p).
     :param proposal_weights: ``"auto"`` (``"correlation"`` for a Gaussian GLM likelihood,
         ``"deviance"`` for other GLMs, ``"uniform"`` otherwise), ``"correlation"``
         (w_j = exp(abs(corr(y, x_j)) − 1)), ``"deviance"`` (w_j = exp(−(d_j − min d)/(5·sd d) −
-        0.1), d_j the one-variable GLM deviance, fitted on at most ``weight_rows`` rows),
+        0.1), d_j the one-variable GLM deviance), both on the first ``weight_rows`` rows,
         ``"uniform"`` (w_j = ½) or an array of p weights in (0, 1).
     :param bool flip_sign: flip θ_j's sign with probability ½ when j enters or leaves
         (default, as in the paper).
     :param mh_correction: ``None`` (plain mini-batch acceptance, as in the paper) or
         ``"penalty"`` (subtract half the estimated variance of the mini-batch log-likelihood
         difference from the log acceptance ratio; use it when n is small or N is small, where
-        the noisy ratio inflates the inclusion of null variables).
+        the noisy ratio inflates the inclusion of null variables).  An error with a full batch
+        (n = N), where there is no noise to correct.
     :param float temperature: τ (default 1).
     :param indicator: name of the indicator site (found automatically when omitted).
     :param coefficient: name of the coefficient site (found automatically when omitted).
@@ -301,107 +909,86 @@ class ESGLD(SGKernel):
         a deterministic site of the model with that name is used as is.
     :param str inclusion_name: name of the output inclusion frequency (default
         ``"inclusion"``).
-    :param int weight_rows: rows used to compute data-based proposal weights (default 20,000).
-    :param init_strategy: NumPyro init strategy for the continuous sites; default
-        :func:`init_to_spike` (θ from the spike, γ = 0, which the paper's search needs).
-    :param kwargs: ``subsample_size``, ``replace``, ``check_data``: see
-        :class:`~numpyro_sg.kernels.base.SGKernel`.  A ``subsample_size`` equal to N means
-        full-batch: every iteration uses all N data (no noise, no penalty).
+    :param weight_rows: rows used to compute data-based proposal weights (default
+        :data:`DEFAULT_WEIGHT_ROWS` = 20,000); an error with weights that read no data.
+    :param subsample_size: mini-batch size n (overrides the plate's; the N/n scale follows).
+        n = N means full-batch: every iteration uses all N data (no noise).
+    :param bool replace: draw indices with replacement (default) or walk epochs.
+    :param init_strategy: NumPyro init strategy for the continuous sites (run with γ = 0);
+        default :func:`init_to_spike` (θ from the spike, which the paper's search needs).
+    :param bool check_data: check that the subsampled data are finite.
 
     Output per draw (``mcmc.get_samples()``): the constrained continuous sites (θ, …), the
     indicator γ_m as int32 in {0, 1}, the effective coefficients β = θ·γ_m and the inclusion
     frequency (1/m)·Σ_k γ_k (its mean over draws estimates the marginal posterior inclusion
     probabilities, Theorem 1(iii)).  Extra fields: ``step_size``, ``accept_rate``,
     ``model_size``, ``diverging``.
+
+    **Example:**
+
+    .. code-block:: python
+
+        mcmc = MCMC(nsg.ESGLD(model, 1e-6, num_models=10, max_model_size=50),
+                    num_warmup=2000, num_samples=3000)
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+        mcmc.get_samples()["inclusion"].mean(0)       # marginal inclusion probabilities
     """
 
     State = ESGLDState
+    HYPERPARAMETERS = ("step_size", "temperature")
 
-    def __init__(
-        self,
-        model,
-        step_size=1e-6,
-        *,
-        num_models: int = 10,
-        max_model_size: int | None = None,
-        proposal_weights="auto",
-        flip_sign: bool = True,
-        mh_correction: str | None = None,
-        temperature: float = 1.0,
-        indicator: str | None = None,
-        coefficient: str | None = None,
-        fast_path: str = "auto",
-        effective_name: str | None = None,
-        inclusion_name: str = "inclusion",
-        weight_rows: int = 20_000,
-        init_strategy=None,
-        **kwargs,
-    ):
-        if not callable(step_size) and not np.all(np.asarray(step_size) > 0):
-            raise ValueError(f"step_size must be positive, got {step_size!r}.")
-        if isinstance(num_models, bool) or not isinstance(num_models, (int, np.integer)) or num_models < 1:
-            raise ValueError(f"num_models must be an int ≥ 1, got {num_models!r}.")
-        if max_model_size is not None and (
-            isinstance(max_model_size, bool)
-            or not isinstance(max_model_size, (int, np.integer))
-            or max_model_size < 1
-        ):
-            raise ValueError(f"max_model_size must be an int ≥ 1 (and ≤ p), got {max_model_size!r}.")
-        if mh_correction not in _CORRECTIONS:
-            raise ValueError(f"mh_correction must be one of {_CORRECTIONS}, got {mh_correction!r}.")
-        if isinstance(proposal_weights, str):
-            if proposal_weights not in _WEIGHT_KINDS:
-                raise ValueError(
-                    f"proposal_weights must be one of {_WEIGHT_KINDS} or an array, got "
-                    f"{proposal_weights!r}."
-                )
-        else:
-            w = np.asarray(proposal_weights, dtype=float)
-            if w.ndim != 1 or not np.all((w > 0) & (w < 1)):
-                raise ValueError("proposal_weights as an array must be a vector of values in (0, 1).")
-        if fast_path not in ("auto", "glm", "generic"):
-            raise ValueError(f"fast_path must be 'auto', 'glm' or 'generic', got {fast_path!r}.")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be positive, got {temperature!r}.")
-        super().__init__(model, init_strategy=init_strategy, **kwargs)
+    def __init__(self, model, step_size=1e-6, *, num_models: int = 10, max_model_size: int | None = None,
+                 proposal_weights="auto", flip_sign: bool = True, mh_correction: str | None = None,
+                 temperature: float = 1.0, indicator: str | None = None, coefficient: str | None = None,
+                 fast_path: str = "auto", effective_name: str | None = None,
+                 inclusion_name: str = "inclusion", weight_rows: int | None = None,
+                 subsample_size=None, replace: bool = True, init_strategy=None, check_data: bool = True):
+        if not callable(step_size):
+            check_positive("step_size", step_size)
+        check_positive("temperature", temperature)
+        arguments = locals()
+        self.options = ESGLDOptions(**{f.name: arguments[f.name] for f in fields(ESGLDOptions)})
+        super().__init__(model, subsample_size=subsample_size, replace=replace,
+                         init_strategy=init_strategy, check_data=check_data)
         self.step_size = step_size
-        self.num_models = int(num_models)
-        self.max_model_size = max_model_size
-        self.proposal_weights = proposal_weights
-        self.flip_sign = bool(flip_sign)
-        self.mh_correction = mh_correction
         self.temperature = float(temperature)
-        self._indicator = indicator
-        self._coefficient = coefficient
-        self.fast_path = fast_path
-        self._effective_name = effective_name
-        self.inclusion_name = inclusion_name
-        self.weight_rows = int(weight_rows)
-        self._ss = None
-        self._q = None
+        self._setup = None
 
     # -- public metadata ---------------------------------------------------------------------
     @property
+    def setup(self) -> ESGLDSetup | None:
+        """The static :class:`ESGLDSetup` built at ``init`` (what :func:`esgld_step` reads)."""
+        return self._setup
+
+    @property
     def spike_slab(self):
         """The :class:`~numpyro_sg.spike_slab.SpikeSlab` structure found at ``init``."""
-        return self._ss
+        return None if self._setup is None else self._setup.spike_slab
 
     @property
     def indicator(self):
-        return None if self._ss is None else self._ss.indicator
+        """Name of the indicator site (known after ``init``)."""
+        return None if self._setup is None else self.spike_slab.indicator
 
     @property
     def coefficient(self):
-        return None if self._ss is None else self._ss.coefficient
+        """Name of the coefficient site (known after ``init``)."""
+        return None if self._setup is None else self.spike_slab.coefficient
+
+    @property
+    def effective_name(self) -> str | None:
+        """Name of the output β = θ·γ (resolved at ``init``; the option before)."""
+        return self.options.effective_name if self._setup is None else self._setup.effective_name
+
+    @property
+    def inclusion_name(self) -> str:
+        """Name of the output inclusion frequency."""
+        return self.options.inclusion_name
 
     @property
     def uses_glm_path(self) -> bool:
         """True when proposals use the O(n) GLM update (known after ``init``)."""
-        return self._ss is not None and self._ss.glm is not None
-
-    @property
-    def default_fields(self):
-        return ("z", "diverging")
+        return self._setup is not None and self.spike_slab.glm is not None
 
     def get_diagnostics_str(self, state):
         msg = f"step size {float(jnp.mean(state.step_size)):.2e}, |γ| {int(jnp.max(state.model_size))}"
@@ -411,311 +998,95 @@ class ESGLD(SGKernel):
         return msg
 
     # -- init ----------------------------------------------------------------------------
-    def _setup(self, model_args, model_kwargs):
-        """Plates, spike-and-slab structure, q, proposal-weight kind and output names."""
-        plates = discover_plates(
-            self._model, model_args, model_kwargs,
-            subsample_size=self._subsample_size, check_data=self._check_data,
-        )
+    def _prepare(self, model_args, model_kwargs) -> ESGLDSetup:
+        """The static :class:`ESGLDSetup`, from one model trace (and one vectorised check run)."""
+        o = self.options
+        info = trace_model(self._model, model_args, model_kwargs)
+        plates = subsample_plates(info, self._subsample_size, check_data=self._check_data,
+                                  model_args=model_args, model_kwargs=model_kwargs)
         if len(plates) != 1:
             raise ValueError(f"ESGLD needs exactly one subsample plate; the model has {[p.name for p in plates]}.")
-        ss = find_spike_slab(
-            self._model, model_args, model_kwargs,
-            indicator=self._indicator, coefficient=self._coefficient,
-            subsample_size=self._subsample_size,
-            glm={"auto": "auto", "glm": True, "generic": False}[self.fast_path],
-        )
-        self._ss = ss
-        p = ss.num_coefficients
-        q = p if self.max_model_size is None else int(self.max_model_size)
+        ss = find_spike_slab(self._model, model_args, model_kwargs, indicator=o.indicator,
+                             coefficient=o.coefficient, subsample_size=self._subsample_size,
+                             glm={"auto": "auto", "glm": True, "generic": False}[o.fast_path], info=info)
+        p, plate = ss.num_coefficients, ss.plate
+        q = p if o.max_model_size is None else int(o.max_model_size)
         if not 1 <= q <= p:
             raise ValueError(f"max_model_size must lie in [1, p] = [1, {p}], got {q}.")
-        self._q = q
-        kind = self.proposal_weights
-        if isinstance(kind, str):
-            if kind == "auto":
-                kind = "uniform" if ss.glm is None else (
-                    "correlation" if ss.glm.family_name == "gaussian" else "deviance"
-                )
-            if kind in ("correlation", "deviance") and ss.glm is None:
-                raise ValueError(
-                    f"proposal_weights={kind!r} needs a GLM likelihood (linear predictor X·β), "
-                    "which was not detected for this model; use 'uniform' or an array."
-                )
-        else:
-            w = np.asarray(kind, dtype=float)
-            if w.shape != (p,):
-                raise ValueError(f"proposal_weights has shape {w.shape}; the model has p = {p} coefficients.")
-        self._weight_kind = kind
+        kind = resolve_proposal_weights(o.proposal_weights, ss.glm, p)
+        data_weights = isinstance(kind, str) and kind != "uniform"
+        if o.weight_rows is not None and not data_weights:
+            raise ValueError(f"weight_rows has no effect: the proposal weights of this model are {kind!r}.")
+        if o.mh_correction is not None and plate.subsample_size == plate.size:
+            raise ValueError("mh_correction='penalty' has no effect with a full batch (subsample_size = N).")
+        existing = info.site_types
+        if o.inclusion_name in existing:
+            raise ValueError(f"inclusion_name={o.inclusion_name!r} is a site of the model; pick another.")
         self._mb = Minibatcher(self._model, plates, replace=self._replace)
-        self._full_batch = ss.plate.subsample_size == ss.plate.size
-        existing = site_types(self._model, model_args, model_kwargs)
-        eff = effective_site_name(ss, existing, self._effective_name)
-        if self.inclusion_name in existing:
-            raise ValueError(f"inclusion_name={self.inclusion_name!r} is a site of the model; pick another.")
-        self.effective_name = eff
-
+        self._deterministic_in_plate = ss.deterministic_in_plate
+        flat, unravel = ravel_pytree(info.unconstrained_example())
+        return ESGLDSetup(
+            ss, self._mb, unravel, int(flat.shape[0]), q, o.num_models, o.flip_sign,
+            None if o.mh_correction is None else self._mb.fraction_unsampled, o.inclusion_name,
+            effective_site_name(ss, existing, o.effective_name), kind,
+            min(o.weight_rows or DEFAULT_WEIGHT_ROWS, plate.size) if data_weights else None,
+        )
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         self._num_warmup = int(num_warmup)
-        self._setup(model_args, model_kwargs)
-        ss, q = self._ss, self._q
+        with jax.ensure_compile_time_eval():  # structural work stays eager under pmap too
+            self._setup = setup = self._prepare(model_args, model_kwargs)
+        ss, rows = setup.spike_slab, setup.weight_rows
         batched, rng_key, key_init = split_init_key(rng_key)
-        init_params, gamma0 = initial_values(
-            ss, key_init, init_params, self._init_strategy, model_args, model_kwargs,
-            num_chains=jnp.shape(rng_key)[0] if batched else None, ignore=(self.inclusion_name,),
-        )
-        one_chain = jax.tree.map(lambda x: x[0], init_params) if batched else init_params
-        _, self._unravel = ravel_pytree(one_chain)
-        gamma0 = gamma0.astype(jnp.int32)
-        if bool(jnp.any(jnp.sum(gamma0, -1) > q)):
-            raise ValueError(f"The initial indicator has more than max_model_size = {q} ones.")
+        given, gamma0 = _given_start(ss, init_params, setup.inclusion_name,
+                                     jnp.shape(rng_key)[0] if batched else None)
+        if not isinstance(gamma0, jax.core.Tracer) and bool(jnp.any(jnp.sum(gamma0, -1) > setup.max_model_size)):
+            raise ValueError(f"The initial indicator has more than max_model_size = {setup.max_model_size} ones.")
+        hyper = esgld_hyperparameters(self.step_size, self.temperature, setup.dim)
+        family, strategy = (None if ss.glm is None else ss.glm.family), self._init_strategy
 
-        def init_one(params, gamma, key, model_args, model_kwargs):
-            flat = ravel_pytree(params)[0]
-            key, key_batch, key_idx, key_rj = random.split(key, 4)
-            weights = self._weights(params, gamma, model_args, model_kwargs)
-            batch_state = self._mb.init_batch_state(key_batch)
-            indices, batch_state = self._draw(key_idx, batch_state)
-            flat, gammas, acc, _, grad = self._models_and_gradient(
-                flat, gamma, key_rj, indices, weights, model_args, model_kwargs
-            )
-            return ESGLDState(
-                i=jnp.int32(0),
-                z=self._pack(flat, gammas),
-                z_grad=grad,
-                step_size=self._step_size_at(0, flat),
-                accept_rate=acc,
-                model_size=jnp.sum(gammas[-1]).astype(jnp.int32),
-                weights=weights,
-                diverging=jnp.array(False),
-                batch_state=batch_state,
-                rng_key=key,
-            )
+        def init_one(key_init, key, given, gamma, model_args, model_kwargs):
+            if given is None or rows is not None:  # one model trace: the start and the weights' data
+                given, glm_rows = start_fn(ss, model_args, model_kwargs, strategy, rows)(key_init, given)
+            else:
+                glm_rows = None
+            weights = proposal_weights(setup.weight_kind, ss.num_coefficients, glm_rows, family)
+            return esgld_initial_state(setup, given, gamma, weights, hyper, key)
 
         if batched:
-            init_one = jax.vmap(init_one, in_axes=(0, 0, 0, None, None))
-        state = jit_with_data(init_one, model_args, model_kwargs)(init_params, gamma0, rng_key)
+            init_one = jax.vmap(init_one, in_axes=(0, 0, 0, 0, None, None))
+        state = jit_with_data(init_one, model_args, model_kwargs)(key_init, rng_key, given, gamma0)
         self._sample_fn = self.sample
+        self._watch()
         return state
-
-    # -- helpers ---------------------------------------------------------------------------
-    def _step_size_at(self, t, flat):
-        eps = self.step_size(t) if callable(self.step_size) else self.step_size
-        eps = jnp.asarray(eps, dtype=flat.dtype)
-        if eps.ndim > 1 or (eps.ndim == 1 and eps.shape != flat.shape):
-            raise ValueError(
-                f"step_size has shape {eps.shape} but the model has {flat.shape[0]} "
-                "unconstrained continuous coordinates."
-            )
-        return eps
-
-    def _draw(self, key, batch_state):
-        if self._full_batch:
-            return self._ss.full_indices(), batch_state
-        return self._mb.draw(key, batch_state)
-
-    def _pack(self, flat, gammas):
-        z = dict(self._unravel(flat))
-        z[self._ss.indicator] = gammas[-1].astype(jnp.int32)
-        z[self.inclusion_name] = jnp.mean(gammas.astype(flat.dtype), 0)
-        return z
-
-    def _unpack(self, z):
-        z = dict(z)
-        gamma = z.pop(self._ss.indicator)
-        z.pop(self.inclusion_name)
-        return z, gamma
-
-    def _weights(self, params, gamma, model_args, model_kwargs):
-        ss = self._ss
-        p = ss.num_coefficients
-        kind = self._weight_kind
-        if not isinstance(kind, str):
-            return jnp.clip(jnp.asarray(kind, jnp.result_type(float)), _W_MIN, 1 - _W_MIN)
-        if kind == "uniform":
-            return jnp.full((p,), 0.5, jnp.result_type(float))
-        values = ss.constrain_fn(model_args, model_kwargs)(params, gamma)
-        batch = ss.glm_batch_fn(model_args, model_kwargs)(values, jnp.zeros((p,)), None)
-        rows = min(self.weight_rows, ss.plate.size)
-        X, y = batch.X[:rows], batch.y[:rows]
-        if kind == "correlation":
-            return correlation_weights(X, y)
-        prm = {k: v[:rows, None] for k, v in batch.params.items()}
-        return deviance_weights(X, y, ss.glm.family, prm)
-
-    def _models_and_gradient(self, flat, gamma, key, indices, weights, model_args, model_kwargs):
-        """RJ-MH chain at θ (flat) on the mini-batch, then the model-averaged gradient.
-
-        Returns (flat after accepted sign flips, models (m, p), acceptance rate, mean log
-        density, gradient).
-        """
-        flat, gammas, n_acc = self._inner_chain(
-            flat, gamma, key, indices, weights, model_args, model_kwargs, self.num_models
-        )
-        log_density = self._ss.log_density_fn(model_args, model_kwargs)
-        unravel = self._unravel
-
-        def mean_log_density(x):
-            prm = unravel(x)
-            return jnp.mean(jax.vmap(lambda g: log_density(prm, g, indices))(gammas))
-
-        value, grad = jax.value_and_grad(mean_log_density)(flat)
-        acc = n_acc.astype(flat.dtype) / self.num_models
-        return flat, gammas, acc, value, grad
-
-    def _inner_chain(self, flat, gamma, key, indices, weights, model_args, model_kwargs, num_steps):
-        """``num_steps`` RJ-MH steps on γ at θ (flat) with the given data indices.
-
-        Returns (flat after accepted sign flips, the chain's states (num_steps, p), number of
-        accepted proposals).
-        """
-        ss = self._ss
-        params = self._unravel(flat)
-        values = ss.constrain_fn(model_args, model_kwargs)(params, gamma)
-        theta = values[ss.coefficient]
-        gamma = gamma.astype(jnp.int32)
-        fpc = 0.0 if self._full_batch else (1.0 if self._replace else 1.0 - ss.plate.subsample_size / ss.plate.size)
-        use_penalty = self.mh_correction == "penalty" and not self._full_batch
-        q = self._q
-        flip = self.flip_sign
-
-        if ss.glm is not None:
-            family = ss.glm.family
-            batch = ss.glm_batch_fn(model_args, model_kwargs)(values, theta * gamma, indices)
-            Xt = batch.X.T  # (p, n): contiguous rows for the O(n) column updates
-
-            def loglik_terms(eta):
-                return batch.scale * family.loglik(eta, batch.y, batch.params)
-
-            eval_state0 = (batch.eta, loglik_terms(batch.eta))
-        else:
-            terms_fn = ss.terms_fn(model_args, model_kwargs)
-            lp0, tr0 = terms_fn(values, gamma, indices)
-            eval_state0 = (lp0, tr0)
-
-        per_coord = ss.glm is not None and ss.per_coordinate_prior
-        if per_coord:
-            cfn = ss.coordinate_prior_fn(model_args, model_kwargs)
-            cp_pos, cp_neg = cfn(values, theta), cfn(values, -theta)
-            # table[s, g, j]: log p(γ_j = g) + log p(±θ_j | γ_j = g), s = 0 for +θ_j, 1 for −θ_j
-            table = jnp.stack([
-                jnp.stack([cp_pos.indicator0 + cp_pos.coefficient0, cp_pos.indicator1 + cp_pos.coefficient1]),
-                jnp.stack([cp_neg.indicator0 + cp_neg.coefficient0, cp_neg.indicator1 + cp_neg.coefficient1]),
-            ])
-            prior_cur0 = jnp.zeros((), theta.dtype)
-        elif ss.glm is not None:
-            prior_fn = ss.prior_fn(model_args, model_kwargs)
-            prior_cur0 = prior_fn(values, gamma)
-        else:
-            prior_cur0 = jnp.zeros((), theta.dtype)
-
-        def body(carry, k):
-            gam, th, flipped, ev, prior_cur, n_acc = carry
-            k_prop, k_acc = random.split(k)
-            prop = propose_move(k_prop, gam, weights, q, flip)
-            gam2, th2 = apply_proposal(gam, th, prop)
-            flipped2 = flipped.at[prop.j_out].set(
-                jnp.where(prop.has_out & (prop.s_out < 0), 1 - flipped[prop.j_out], flipped[prop.j_out])
-            )
-            flipped2 = flipped2.at[prop.j_in].set(
-                jnp.where(prop.has_in & (prop.s_in < 0), 1 - flipped2[prop.j_in], flipped2[prop.j_in])
-            )
-            prior_new = prior_cur
-            if ss.glm is not None:
-                # prior: O(1) per-coordinate table lookups, or the prior sites alone (O(p))
-                if per_coord:
-                    def slot(j, has):
-                        old = table[flipped[j], gam[j], j]
-                        new = table[flipped2[j], gam2[j], j]
-                        return jnp.where(has, new - old, 0.0)
-
-                    d_prior = slot(prop.j_out, prop.has_out) + slot(prop.j_in, prop.has_in)
-                else:
-                    vals2 = dict(values)
-                    vals2[ss.coefficient] = th2
-                    prior_new = prior_fn(vals2, gam2)
-                    d_prior = prior_new - prior_cur
-                # likelihood: O(n) update of the linear predictor for the changed coordinates
-                eta, terms = ev
-                d_in = jnp.where(prop.has_in, th2[prop.j_in], 0.0)
-                d_out = jnp.where(prop.has_out, -th[prop.j_out], 0.0)
-                eta2 = eta + Xt[prop.j_in] * d_in + Xt[prop.j_out] * d_out
-                terms2 = loglik_terms(eta2)
-                ev2 = (eta2, terms2)
-            else:  # generic: one model evaluation on the mini-batch
-                vals2 = dict(values)
-                vals2[ss.coefficient] = th2
-                lp2, terms2 = terms_fn(vals2, gam2, indices)
-                terms = ev[1]
-                d_prior = lp2 - ev[0]
-                ev2 = (lp2, terms2)
-            d_terms = terms2 - terms
-            log_alpha = d_prior + jnp.sum(d_terms) + prop.log_q_ratio
-            if use_penalty:
-                log_alpha = log_alpha - penalty(d_terms, fpc)
-            accept = prop.valid & (jnp.log(random.uniform(k_acc, (), theta.dtype)) < log_alpha)
-            sel = lambda new, old: jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)  # noqa: E731
-            carry = (
-                sel(gam2, gam), sel(th2, th), sel(flipped2, flipped), sel(ev2, ev),
-                sel(prior_new, prior_cur), n_acc + accept.astype(jnp.int32),
-            )
-            return carry, carry[0]
-
-        flipped0 = jnp.zeros(theta.shape, jnp.int32)
-        keys = random.split(key, num_steps)
-        carry0 = (gamma, theta, flipped0, eval_state0, prior_cur0, jnp.int32(0))
-        (gam, th, _, _, _, n_acc), gammas = lax.scan(body, carry0, keys)
-        # θ is real-valued: its unconstrained value is itself
-        params = dict(params)
-        params[ss.coefficient] = th.astype(jnp.asarray(params[ss.coefficient]).dtype)
-        return ravel_pytree(params)[0], gammas, n_acc
 
     # -- one iteration -----------------------------------------------------------------
     def step(self, state, model_args, model_kwargs):
-        key, key_batch, key_noise, key_rj = random.split(state.rng_key, 4)
-        params, gamma = self._unpack(state.z)
-        flat = ravel_pytree(params)[0]
-        eps = self._step_size_at(state.i, flat)
-        noise = random.normal(key_noise, flat.shape, flat.dtype)
-        moved = flat + 0.5 * eps * state.z_grad + jnp.sqrt(eps * self.temperature) * noise
-        indices, batch_state = self._draw(key_batch, state.batch_state)
-        new_flat, gammas, acc, value, grad = self._models_and_gradient(
-            moved, gamma, key_rj, indices, state.weights, model_args, model_kwargs
-        )
-        ok = all_finite(new_flat) & jnp.isfinite(value) & all_finite(grad)
-        diverging = state.diverging | ~ok
-        new_z = self._pack(new_flat, gammas)
-        keep = lambda old, new: jax.tree.map(lambda a, b: jnp.where(diverging, a, b), old, new)  # noqa: E731
-        return state._replace(
-            i=state.i + 1,
-            z=keep(state.z, new_z),
-            z_grad=keep(state.z_grad, grad),
-            step_size=eps,
-            accept_rate=acc,
-            model_size=keep(state.model_size, jnp.sum(gammas[-1]).astype(jnp.int32)),
-            diverging=diverging,
-            batch_state=batch_state,
-            rng_key=key,
-        )
+        """One iteration of one chain: :func:`esgld_step` with the setup built at ``init``."""
+        return esgld_step(self._setup, state, model_args, model_kwargs)
+
+    def _refresh(self, state):
+        return state._replace(step_size=step_size_at(state.hyper.step_size, state.i))
 
     # -- output ------------------------------------------------------------------------
     def postprocess_fn(self, model_args, model_kwargs):
+        """Constrained draws: the continuous sites (deterministic ones included), γ, the
+        inclusion frequency and β = θ·γ (unless the model has it as a deterministic site)."""
         model_kwargs = {} if model_kwargs is None else model_kwargs
-        ss = self._ss
-        if ss is None:
+        setup = self._setup
+        if setup is None:
             return lambda z: z
+        ss = setup.spike_slab
         model = full_data(self._model, self._mb.plates) if ss.deterministic_in_plate else with_indices(
             self._model, ss.first_indices(1)
         )
-        eff, incl = self.effective_name, self.inclusion_name
+        eff, incl = setup.effective_name, setup.inclusion_name
 
         def postprocess(z):
-            params, gamma = self._unpack(z)
-            out = constrain_fn(
-                ss.conditioned(gamma, model), model_args, model_kwargs, params, return_deterministic=True
-            )
+            params, gamma = setup.unpack(z)
+            out = constrain_fn(ss.conditioned(gamma, model), model_args, model_kwargs, params,
+                               return_deterministic=True)
             out[ss.indicator] = gamma
             out[incl] = z[incl]
             if eff not in out:
@@ -723,3 +1094,15 @@ class ESGLD(SGKernel):
             return out
 
         return postprocess
+
+
+def _given_start(ss: SpikeSlab, init_params, inclusion_name, num_chains):
+    """(given unconstrained continuous values or None, starting indicator as int32)."""
+    given, gamma = None, None
+    if init_params is not None:
+        given = {k: v for k, v in dict(init_params).items() if k not in (ss.indicator, inclusion_name)}
+        gamma = dict(init_params).get(ss.indicator)
+        given = given or None
+    if gamma is None:
+        gamma = jnp.zeros((ss.num_coefficients,) if num_chains is None else (num_chains, ss.num_coefficients))
+    return given, jnp.asarray(gamma).astype(jnp.int32)
