@@ -450,7 +450,7 @@ def test_bad_inputs(tiny):
             numpyro.sample("y", dist.Normal(Xb @ d.astype(float), 1.0), obs=yb)
 
     def not_form(X, y=None):
-        d = numpyro.sample("delta", dist.Bernoulli(0.2).expand([8]).to_event(1))
+        numpyro.sample("delta", dist.Bernoulli(0.2).expand([8]).to_event(1))
         th = numpyro.sample("theta", dist.Normal(0.0, 1.0).expand([8]).to_event(1))
         with numpyro.plate("data", X.shape[0], subsample_size=10):
             Xb = numpyro.subsample(X, event_dim=1)
@@ -594,3 +594,20 @@ def test_paper_linear_p1000(correlation):
         errs[variant] = relative_error(mcmc, truth)
     if correlation == 0.0:
         assert errs["async"] <= 1.2 * errs["exact"] + 0.005, errs
+
+
+@pytest.mark.parametrize("options", [dict(), dict(variant="exact"), dict(fast_path="generic")])
+def test_init_runs_the_model_at_most_three_times(options):
+    """One trace for the structure, one vectorised run of the spike-and-slab checks, and one
+    for the fast path's constants (spike, slab, offset in a single vmapped trace; the default
+    start is drawn from the spike without a trace) or, on the dense path, for the start."""
+    X, y, _ = ds.simulate_sparse_linear(16, 200, seed=0)
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return ds.sparse_async_linear_model(*args, **kwargs)
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    nsg.SparseAsync(counting, **options).init(keys, 10, None, (X, y), {})
+    assert len(calls) <= 3, len(calls)

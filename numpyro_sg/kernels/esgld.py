@@ -72,7 +72,6 @@ from numpyro_sg.kernels.base import (
     all_finite,
     check_choice,
     check_positive,
-    jit_with_data,
     split_init_key,
 )
 from numpyro_sg.kernels.moves import (
@@ -83,7 +82,7 @@ from numpyro_sg.kernels.moves import (
     langevin_noise_variance,
     step_size_at,
 )
-from numpyro_sg.minibatch import Minibatcher, full_data, subsample_plates, with_indices
+from numpyro_sg.minibatch import Minibatcher, full_data, jit_with_data, subsample_plates, with_indices
 from numpyro_sg.model_info import trace_model
 from numpyro_sg.spike_slab import (
     GLMBatch,

@@ -69,6 +69,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro.distributions as dist
 from jax import lax, random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import constrain_fn
@@ -78,19 +79,21 @@ from numpyro_sg.kernels.base import (
     all_finite,
     check_choice,
     check_positive,
-    jit_with_data,
     split_init_key,
 )
 from numpyro_sg.kernels.moves import freeze, langevin_move, mala_step
-from numpyro_sg.minibatch import Minibatcher, check_data_finite, full_data, with_indices
+from numpyro_sg.minibatch import Minibatcher, check_data_finite, full_data, jit_with_data, with_indices
 from numpyro_sg.model_info import trace_model
+from numpyro_sg.model_info import base_distribution
 from numpyro_sg.spike_slab import (
+    CoordinateNormal,
     SpikeSlab,
     SpikeSlabError,
     effective_site_name,
     find_spike_slab,
     init_to_spike,
 )
+from numpyro_sg.spike_slab.glm import design_array, family_of, per_element_log_prob
 
 __all__ = [
     "SparseAsync",
@@ -766,8 +769,8 @@ def _check_options(variant, step_size, update_size, inner, taylor, async_point, 
     _check_step_options(kind, given)
 
 
-def _fast_path_reason(ss, fast_path, model_args, model_kwargs):
-    """``(why the GLM fast path does not apply, or None; its CoordinateNormal prior or None)``."""
+def _fast_path_reason(ss, fast_path, subsample_data, model_args, model_kwargs):
+    """``(why the GLM fast path does not apply, or None; its constants or None)``."""
     if fast_path == "generic":
         return "fast_path='generic'", None
     if ss.glm is None:
@@ -778,10 +781,52 @@ def _fast_path_reason(ss, fast_path, model_args, model_kwargs):
         return (f"the model has continuous sites {list(ss.continuous_sites)} besides the "
                 f"coefficient {ss.coefficient!r}"), None
     try:
-        zeros = {ss.coefficient: jnp.zeros((ss.num_coefficients,))}
-        return None, ss.coordinate_normal_fn(model_args, model_kwargs)(zeros)
+        return None, _fast_constants(ss, subsample_data, model_args, model_kwargs)
     except SpikeSlabError as err:
         return str(err), None
+
+
+def _fast_constants(ss, subsample_data, model_args, model_kwargs):
+    """The fast path's constants from ONE vectorised trace of the model at θ = 0 over all N
+    data, with δ = 0 and δ = 1: the Normal spike and slab (:class:`CoordinateNormal`), the
+    prior log-odds of inclusion, and the GLM's offset η(β = 0), observations and parameters
+    (an :class:`_Aux` without ``Xt``)."""
+    p = ss.num_coefficients
+    zeros, ones = jnp.zeros((p,), jnp.int32), jnp.ones((p,), jnp.int32)
+    values = {ss.coefficient: jnp.zeros((p,))}
+
+    def one(gamma):
+        tr, data = ss.trace_at(model_args, model_kwargs, values, gamma, ss.full_indices())
+        base = base_distribution(tr[ss.coefficient]["fn"])
+        if not isinstance(base, dist.Normal):
+            raise SpikeSlabError(
+                f"coefficient site {ss.coefficient!r} has distribution {type(base).__name__}; "
+                "a per-coordinate Normal spike/slab is needed here."
+            )
+        ind = tr[ss.indicator]["fn"]
+        logit = per_element_log_prob(ind, ones) - per_element_log_prob(ind, zeros)
+        fam = family_of(tr[ss.glm.site]["fn"])
+        n = jnp.shape(tr[ss.glm.site]["value"])[0]
+        return (jnp.broadcast_to(base.loc, (p,)), jnp.broadcast_to(base.scale, (p,)), logit,
+                jnp.broadcast_to(fam[1], (n,)), tr[ss.glm.site]["value"],
+                {k: jnp.broadcast_to(v, (n,)) for k, v in fam[2].items()})
+
+    loc, scale, logit, eta, y, params = jax.vmap(one)(jnp.stack([zeros, ones]))
+    dtype = jnp.result_type(float)
+    prior = CoordinateNormal(logit[0], loc[0], scale[0], loc[1], scale[1])
+    return _Aux(
+        prior=jax.tree.map(lambda a: jnp.asarray(a, dtype), prior),
+        offset=jnp.asarray(eta[0], dtype), y=jnp.asarray(y[0], dtype),
+        params={k: jnp.asarray(v[0], dtype) for k, v in params.items()},
+    )
+
+
+def _spike_draws(prior: CoordinateNormal, coefficient, key, num_chains):
+    """θ drawn from the Normal spike (δ = 0), per chain: the default start of the fast path."""
+    def one(k):
+        return {coefficient: prior.spike_loc + prior.spike_scale * random.normal(k, prior.spike_loc.shape)}
+
+    return one(key) if num_chains is None else jax.vmap(one)(key)
 
 
 def _resolve_inner(variant, inner, gaussian_ok, why, family):
@@ -798,7 +843,7 @@ def _resolve_inner(variant, inner, gaussian_ok, why, family):
     return inner
 
 
-def _initial_state(plan, mb, params, delta, key, normal, model_args, model_kwargs):
+def _initial_state(plan, mb, params, delta, key, constants, model_args, model_kwargs):
     """The state of one chain at (params, δ) (pure; jitted with the data as arguments)."""
     ss = plan.ss
     p = ss.num_coefficients
@@ -806,7 +851,7 @@ def _initial_state(plan, mb, params, delta, key, normal, model_args, model_kwarg
     dtype = ravel_pytree(params)[0].dtype
     if plan.fast:
         active = jnp.nonzero(delta, size=plan.max_active, fill_value=p)[0].astype(jnp.int32)
-        aux = _glm_constants(plan, normal, params, model_args, model_kwargs)
+        aux = constants
     else:
         active, aux = jnp.zeros((1,), jnp.int32), None
     return SparseAsyncState(
@@ -822,25 +867,6 @@ def _initial_state(plan, mb, params, delta, key, normal, model_args, model_kwarg
         overflow=jnp.array(False),
         batch_state=mb.init_batch_state(key_batch) if mb is not None else None,
         rng_key=key,
-    )
-
-
-def _glm_constants(plan, normal, params, model_args, model_kwargs):
-    """Per-chain constants of the fast path: the Normal spike/slab, offset, y, the family's
-    parameters and (``exact``/``async``) a transposed (p, N) copy of X."""
-    ss = plan.ss
-    values = {ss.coefficient: params[ss.coefficient]}
-    batch = ss.glm_batch_fn(model_args, model_kwargs)(values, jnp.zeros((ss.num_coefficients,)), None)
-    dtype = jnp.result_type(float)
-    # exact/async gather whole columns of X: keep a (p, N) copy so that a column is one
-    # contiguous read (gathering J columns of a row-major (N, p) array is N·J cache misses)
-    Xt = None if plan.variant == "sgld" else jnp.asarray(batch.X).T.copy()
-    return _Aux(
-        prior=jax.tree.map(lambda a: jnp.asarray(a, dtype), normal),
-        offset=jnp.asarray(batch.eta, dtype),
-        y=jnp.asarray(batch.y, dtype),
-        params={k: jnp.asarray(v, dtype) for k, v in batch.params.items()},
-        Xt=Xt,
     )
 
 
@@ -945,7 +971,7 @@ class SparseAsync(SGKernel):
         self._sites = {"indicator": indicator, "coefficient": coefficient}
         self._effective_name = effective_name
         self._plan = None  # static metadata resolved at init (a _Plan)
-        self._normal = None  # the fast path's CoordinateNormal prior, passed to the initial states
+        self._constants = None  # the fast path's constants (prior, offset, y, …), set at init
         self._setup_leaves = None  # the data the plan was made for
 
     # -- public metadata (known after ``init``) -----------------------------------------------
@@ -998,7 +1024,7 @@ class SparseAsync(SGKernel):
             init_one = jax.vmap(init_one, in_axes=(0, 0, 0, None, None, None))
         # the data arrays are arguments, not constants baked into the compiled program
         state = jit_with_data(init_one, model_args, model_kwargs)(
-            params, delta.astype(jnp.int32), rng_key, self._normal)
+            params, delta.astype(jnp.int32), rng_key, self._constants)
         self._sample_fn = self.sample
         self._watch()
         return state
@@ -1009,25 +1035,26 @@ class SparseAsync(SGKernel):
         leaves = jax.tree.leaves((model_args, model_kwargs))
         cached = self._setup_leaves is not None and len(self._setup_leaves) == len(leaves) and all(
             a is b for a, b in zip(self._setup_leaves, leaves))
-        # the GLM family is needed for the fast path and for the default taylor (Gaussian or not)
-        detect = self.fast_path != "generic" or (self.variant != "exact" and self.taylor is None)
-        ss = self._plan.ss if cached else find_spike_slab(
-            self._model, model_args, model_kwargs, **self._sites, glm="auto" if detect else False,
-            subsample_size=self._subsample_size if self.variant == "sgld" else None,
-        )
-        params, delta = _split_init_params(ss, init_params)
-        info = None
-        if not (cached and params):
-            strategy = None if params else (self._init_strategy or init_to_spike(coefficient=ss.coefficient))
-            zeros = jnp.zeros((ss.num_coefficients,), jnp.int32)
-            info = trace_model(ss.conditioned(zeros), model_args, model_kwargs,
-                               init_strategy=strategy, rng_key=key_init)
         if not cached:
-            self._plan, self._normal = self._make_plan(ss, info, model_args, model_kwargs)
+            info = trace_model(self._model, model_args, model_kwargs)
+            # the GLM family is needed for the fast path and for the default taylor (Gaussian or not)
+            detect = self.fast_path != "generic" or (self.variant != "exact" and self.taylor is None)
+            ss = find_spike_slab(
+                self._model, model_args, model_kwargs, **self._sites, glm="auto" if detect else False,
+                subsample_size=self._subsample_size if self.variant == "sgld" else None, info=info,
+            )
+            self._plan, self._constants = self._make_plan(ss, info, model_args, model_kwargs)
             if not any(isinstance(x, jax.core.Tracer) for x in leaves):
                 self._setup_leaves = leaves
-        if not params:
-            params = info.init_values
+        ss = self._plan.ss
+        params, delta = _split_init_params(ss, init_params)
+        if not params and self._plan.fast and self._init_strategy is None:
+            params = _spike_draws(self._constants.prior, ss.coefficient, key_init, num_chains)
+        elif not params:
+            strategy = self._init_strategy or init_to_spike(coefficient=ss.coefficient)
+            zeros = jnp.zeros((ss.num_coefficients,), jnp.int32)
+            params = trace_model(ss.conditioned(zeros), model_args, model_kwargs,
+                                 init_strategy=strategy, rng_key=key_init).init_values
         if delta is None:
             shape = (ss.num_coefficients,) if num_chains is None else (num_chains, ss.num_coefficients)
             delta = jnp.zeros(shape, jnp.int32)
@@ -1047,7 +1074,7 @@ class SparseAsync(SGKernel):
         if self._check_data and ss.plate is not None:
             check_data_finite(info, (ss.plate,), model_args, model_kwargs)
         self._mb = Minibatcher(self._model, (ss.plate,), replace=self._replace) if sgld else None
-        why, normal = _fast_path_reason(ss, self.fast_path, model_args, model_kwargs)
+        why, constants = _fast_path_reason(ss, self.fast_path, info.subsample_data, model_args, model_kwargs)
         if self.fast_path == "glm" and why is not None:
             raise ValueError(f"fast_path='glm' but the GLM fast path does not apply: {why}.")
         family = ss.glm.family_name if ss.glm is not None else None
@@ -1068,7 +1095,12 @@ class SparseAsync(SGKernel):
             step_size=float(self.step_size if self.step_size is not None else (0.01 if sgld else 0.02)),
             effective_name=effective_site_name(ss, info.site_types, self._effective_name),
         )
-        return plan, normal
+        if constants is not None and self.variant != "sgld":
+            # exact/async gather whole columns of X: keep a (p, N) copy so that a column is one
+            # contiguous read (gathering J columns of a row-major (N, p) array is N·J cache misses)
+            X = design_array(ss.glm.source, info.subsample_data, model_args, model_kwargs)
+            constants = constants._replace(Xt=jnp.asarray(X, jnp.result_type(float)).T.copy())
+        return plan, constants
 
     def _check_initial_indicator(self, delta):
         if isinstance(delta, jax.core.Tracer):  # chain_method="parallel" traces init

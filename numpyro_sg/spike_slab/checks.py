@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer.initialization import init_to_uniform
 
+from numpyro_sg.minibatch import jit_with_data
 from numpyro_sg.model_info import ModelInfo, base_distribution
 from numpyro_sg.spike_slab.glm import (
     GLM_FAMILIES,
@@ -142,17 +143,12 @@ def evaluate_configurations(ss: SpikeSlab, model_args, model_kwargs, thetas, gam
         return (log_prior, terms) + coord + (eta, y, params)
 
     # compiled with the data as arguments (as constants a large design array would be slow to
-    # compile); non-array leaves of the arguments stay static
-    leaves, treedef = jax.tree.flatten((model_args, model_kwargs))
-    is_data = [isinstance(x, (np.ndarray, jax.Array)) and np.ndim(x) > 0 for x in leaves]
-
-    @jax.jit
-    def run(thetas, gammas, data):
-        it = iter(data)
-        args, kwargs = jax.tree.unflatten(treedef, [next(it) if d else x for x, d in zip(leaves, is_data)])
-        return jax.vmap(lambda th, g: one(th, g, args, kwargs))(thetas, gammas)
-
-    out = run(jnp.asarray(thetas), jnp.asarray(gammas), [x for x, d in zip(leaves, is_data) if d])
+    # compile)
+    run = jit_with_data(
+        lambda ths, gs, args, kwargs: jax.vmap(lambda th, g: one(th, g, args, kwargs))(ths, gs),
+        model_args, model_kwargs,
+    )
+    out = run(jnp.asarray(thetas), jnp.asarray(gammas))
     return Evaluation(*out, static=static)
 
 
