@@ -65,7 +65,7 @@ from numpyro_sg.preconditioner import (
 )
 from numpyro_sg.warmup import ModeFit, WarmupOptions, find_mode, starting_points
 
-__all__ = ["SGKernel", "GradientKernel", "DivergenceWarning", "jit_with_data", "split_init_key",
+__all__ = ["SGKernel", "GradientKernel", "DivergenceWarning", "split_init_key",
            "all_finite", "gradient_state", "PRECONDITIONERS", "GRADIENTS", "GRADIENT_STATE_FIELDS"]
 
 #: accepted string values of ``preconditioner`` (an array is accepted too)
