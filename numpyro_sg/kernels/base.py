@@ -41,7 +41,7 @@ from numpyro.infer.mcmc import MCMC, MCMCKernel
 from numpyro.infer.util import constrain_fn
 from numpyro.util import is_prng_key
 
-from numpyro_sg.diagnostics.convergence import watch_runs
+from numpyro_sg.diagnostics.convergence import ConvergenceWarning, watch_runs
 from numpyro_sg.kernels.moves import ema, freeze, guard_step, init_guard
 from numpyro_sg.minibatch import (
     Anchor,
@@ -387,6 +387,15 @@ class GradientKernel(SGKernel):
         self._fit = find_mode(self._mb, info, self._unravel, model_args, model_kwargs,
                               self.warmup_options)
         self._fit_key = leaves
+        if not self._fit.converged:
+            warnings.warn(
+                f"{type(self).__name__}: the warmup's mode search did not converge in "
+                f"{self._fit.newton_steps} Newton steps (the log posterior may have no mode, or a "
+                "flat or non-concave region near it); the Laplace preconditioner and the chains' "
+                "start may be poor. Check the model, raise warmup_options={'newton_steps': …, "
+                "'optimizer_steps': …}, or pass init_strategy and preconditioner='adapt'.",
+                ConvergenceWarning, stacklevel=3,
+            )
         return self._fit
 
     def _geometry(self, fit: ModeFit | None, dim: int, dtype):
