@@ -37,6 +37,14 @@ def _samples(kernel, data, chain_method="sequential", num_chains=2, jit_model_ar
     return mcmc
 
 
+# pSGLD and BAOAB take the generic checks too (their own tests: tests/test_psgld_baoab.py)
+# (the papers' settings: no mode search, to keep the suite fast)
+KERNELS.update({
+    "psgld": lambda **kw: nsg.PSGLD(logistic_model, 1e-3, **CLASSIC, **kw),
+    "baoab": lambda **kw: nsg.BAOAB(logistic_model, 1e-4, friction=30.0, **CLASSIC, **kw),
+})
+
+
 @pytest.mark.parametrize("name", list(KERNELS))
 def test_chain_methods_agree(name, logistic_data):
     """All three chain methods run and give the same draws for the same key."""
@@ -299,8 +307,9 @@ def test_init_evaluates_the_model_at_most_three_times(name, logistic_data):
         return logistic_model(*args, **kwargs)
 
     keys = jax.random.split(jax.random.PRNGKey(0), 3)  # vectorised chains: still one trace
-    make = {"sgld": nsg.SGLD, "sgld-corrected": nsg.SGLD, "sgbd": nsg.SGBD, "sgbd-adaptive": nsg.SGBD}[name]
-    options = {"sgld-corrected": dict(variant="corrected"), "sgbd-adaptive": dict(adapt_step_size=True)}
+    make = type(KERNELS[name]())
+    options = {"sgld-corrected": dict(variant="corrected"), "sgbd-adaptive": dict(adapt_step_size=True),
+               "baoab": dict(friction=30.0)}
     classic = make(counting, 0.01, **options.get(name, {}), **CLASSIC)
     classic.init(keys, 10, None, logistic_data, {})
     assert len(calls) <= 3, len(calls)

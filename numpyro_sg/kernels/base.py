@@ -486,7 +486,7 @@ class GradientKernel(SGKernel):
     def _set_adaptation_schedule(self):
         W = self._num_warmup
         start, *updates = (int(f * W) for f in self.ADAPT_WINDOWS)
-        adapt = self.preconditioner == "adapt" and W > 0
+        adapt = isinstance(self.preconditioner, str) and self.preconditioner == "adapt" and W > 0
         self._adapt_at = tuple(u for u in updates if u > start) if adapt else ()
         self._moments_from = start if adapt else W
 

@@ -1,0 +1,204 @@
+r"""BAOAB: Leimkuhler & Matthews' splitting for underdamped Langevin dynamics, with
+stochastic gradients (as SGMCMCJax's ``baoab``).
+
+Underdamped Langevin dynamics for the working coordinates u of the warmup's preconditioner
+(θ = θ₀ + L·u, ĝ read as Lᵀ·ĝ, :mod:`numpyro_sg.preconditioner`) with a momentum p in the same
+units, unit mass, friction γ and temperature τ:
+du = p dt, dp = ĝ(u) dt − γ p dt + √(2γτ) dW, stationary at π(u)^(1/τ) ⊗ N(0, τ·I).  One
+step of length h is B(h/2) A(h/2) O A(h/2) B(h/2):
+
+.. math::
+
+   \text{B:}\; p \leftarrow p + \tfrac h2\,\hat g(u), \qquad
+   \text{A:}\; u \leftarrow u + \tfrac h2\,p, \qquad
+   \text{O:}\; p \leftarrow c\,p + \sqrt{\tau(1 - c^2)}\,\xi, \quad c = e^{-\gamma h}.
+
+**Step-size convention.**  ``step_size`` is ε = h², the package's Langevin ε (SPEC §2): in the
+high-friction limit (c = 0) BAOAB is u' = u + (h²/2)·ĝ + (h/2)·(ξ_k + ξ_{k+1}) (the
+Leimkuhler–Matthews scheme), SGLD's drift (ε/2)·ĝ with noise of long-run variance ε per step.
+So ε has SGLD's units (the parameters' variance with ``preconditioner=None``; dimensionless
+in the Laplace frame, where h = √ε moves about h posterior sds per unit momentum).
+
+**One gradient per iteration.**  The closing B(h/2) of a step and the opening B(h/2) of the
+next use the same gradient ĝ(u_{k+1}), the one the kernel evaluates after each move.  The
+state therefore carries the momentum *before* its closing half-kick (the momentum after the O
+step), and each step opens with the two half-kicks at once,
+p ← p + (h_prev/2 + h/2)·ĝ(u), h_prev the previous step's h (0 before the first step: the
+chain starts with p = 0, as SGMCMCJax's and posteriors' do, and its first kick is h/2).
+The positions are exactly BAOAB's (checked against a direct BAOAB in
+``tests/test_psgld_baoab.py``); this is the BAOA form of posteriors' ``sgmcmc.baoa``.
+
+For a Gaussian target and exact gradients BAOAB's positions are exactly distributed for any
+h < 2 (Leimkuhler & Matthews 2013), and so is the momentum after the O step
+(``kinetic_temperature`` = mean p² ≈ τ; gradient noise raises it: each kick adds h²·Var(ĝ)).
+
+**Peers.**  SGMCMCJax 0.2.13's ``sgmcmcjax.diffusions.baoab(dt, gamma, tau)``: ``dt`` = h = √ε,
+``gamma`` = γ, ``tau`` = √τ (its O step scales the noise's sd by tau).  (Its
+``build_baoab_kernel`` unpacks both half-steps into one name and never moves the parameters:
+SGMCMCJax issue #69.)  posteriors' ``sgmcmc.baoa.build(log_posterior, lr, alpha, sigma,
+temperature)`` with ``sigma`` = 1: ``lr`` = h = √ε, ``alpha`` = γ, ``temperature`` = τ, for a
+log posterior summed over the data.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+from jax import random
+
+from numpyro_sg.kernels.base import GradientKernel, check_positive, gradient_state
+from numpyro_sg.kernels.moves import step_size_at
+from numpyro_sg.kernels.sgld import resolve_step_size
+
+__all__ = [
+    "BAOAB",
+    "BAOABState",
+    "BAOABHyper",
+    "DEFAULT_STEP_SIZE",
+    "DEFAULT_FRICTION",
+    "ou_coefficient",
+    "baoab_move",
+]
+
+#: default ε = h² in the working frame of the Laplace preconditioner (docs/kernels.md)
+DEFAULT_STEP_SIZE = 1.0
+#: default friction γ (per unit time; c = exp(−γ·√ε) per step)
+DEFAULT_FRICTION = 1.0
+
+
+def ou_coefficient(h, friction):
+    """c = exp(−γ·h): the O step's momentum retention over a time step h."""
+    return jnp.exp(-friction * h)
+
+
+def baoab_move(momentum, grad, h, h_prev, friction, temperature, noise):
+    r"""One BAOAB step of the working coordinates with a single gradient: returns ``(du, p')``.
+
+    ``momentum`` p̃ is the momentum before its closing half-kick and ``grad`` ĝ the gradient
+    at the current point:
+
+    p = p̃ + (h_prev/2 + h/2)·ĝ (the previous step's closing B and this step's opening B),
+    du = (h/2)·p (A), p' = c·p + √(τ(1 − c²))·ξ with c = exp(−γh) and ξ = ``noise`` (O),
+    du ← du + (h/2)·p' (A).  p' is the next p̃.
+    """
+    p = momentum + 0.5 * (h_prev + h) * grad
+    du = 0.5 * h * p
+    c = ou_coefficient(h, friction)
+    p = c * p + jnp.sqrt(temperature * (1.0 - c**2)) * noise
+    return du + 0.5 * h * p, p
+
+
+class BAOABHyper(NamedTuple):
+    """Hyperparameters of :class:`BAOAB` held in its state: ``step_size`` ε = h² (scalar, per
+    coordinate, or a schedule), ``friction`` γ and ``temperature`` τ."""
+
+    step_size: Any
+    friction: Any
+    temperature: Any
+
+
+BAOABState = gradient_state("BAOABState", ("momentum", "kinetic_temperature"), doc="""State of :class:`BAOAB`.
+
+As :class:`~numpyro_sg.kernels.sgld.SGLDState`, with ``step_size`` the ε = h² of the step that
+produced ``z`` (0 before the first step: no half-kick is owed then), ``momentum`` the
+working-frame momentum after the last O step, before its closing half-kick (flat; the
+momentum of the BAOAB chain at ``z`` is ``momentum`` + (h/2)·ĝ), and ``kinetic_temperature``
+its mean square over coordinates (≈ τ at equilibrium on a Gaussian target; gradient noise
+raises it).
+""")
+
+
+class BAOAB(GradientKernel):
+    r"""BAOAB splitting for underdamped Langevin dynamics with stochastic gradients.
+
+    Per iteration, in the working frame of the preconditioner (see
+    :mod:`numpyro_sg.kernels.baoab`), with h = √ε: p ← p + (h_prev/2 + h/2)·ĝ,
+    u ← u + (h/2)·p, p ← c·p + √(τ(1 − c²))·ξ (c = exp(−γh)), u ← u + (h/2)·p; one stochastic
+    gradient per iteration, positions exactly those of B(h/2)A(h/2)OA(h/2)B(h/2).  Before the
+    chains start, the warmup finds the mode, the Laplace preconditioner and the
+    control-variate anchor (:mod:`numpyro_sg.warmup`); the chains start at Laplace draws with
+    zero momentum.  Defaults: ε = 1 (h = 1 posterior sd per unit momentum) and γ = 1.
+
+    :param model: NumPyro model with a subsample plate.
+    :param step_size: ε = h² > 0 in the working frame (SGLD's units): a float, an array with
+        one entry per unconstrained coordinate (a diagonal mass), or a schedule (callable
+        t ↦ ε_t); ``None`` (default) for :data:`DEFAULT_STEP_SIZE` (needs a preconditioner).
+    :param float friction: γ > 0 per unit time (c = exp(−γ·√ε) per step); ``None`` (default)
+        for :data:`DEFAULT_FRICTION` (needs a preconditioner: in absolute units γ must match
+        the scale of √ε, e.g. γ ≈ 1/√ε).
+    :param float temperature: τ (default 1).
+    :param preconditioner: ``"laplace"`` (default), ``"adapt"``, ``None`` or an array; see
+        :class:`~numpyro_sg.kernels.base.GradientKernel`.
+    :param str gradient: ``"cv"`` (default) or ``"plain"``.
+    :param bool estimate_noise: compute the gradient-noise sd τ̂ (the ``grad_noise_sd``
+        field) from per-datum gradients (default ``False``).
+    :param warmup_options: options of the mode search, or a ModeFit to reuse.
+    :param subsample_size: mini-batch size n (overrides the plate's; the N/n scale follows).
+    :param bool replace: draw indices with replacement (default) or walk epochs.
+    :param init_strategy: NumPyro init strategy (default ``None``: Laplace draws at the mode).
+    :param bool check_data: check that the subsampled data are finite.
+    :param float noise_ema_weight: β of the EMA of τ̂.
+
+    Extra fields: ``step_size``, ``momentum``, ``kinetic_temperature``, ``grad_noise_sd``,
+    ``diverging``.
+
+    **Example:**
+
+    .. code-block:: python
+
+        mcmc = MCMC(nsg.BAOAB(model), num_warmup=1000, num_samples=2000, num_chains=4,
+                    chain_method="vectorized")
+        mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("kinetic_temperature",))
+
+        # absolute units, plain gradients: SGMCMCJax's baoab(dt=1e-3, gamma=10)
+        nsg.BAOAB(model, 1e-6, friction=10.0, preconditioner=None, gradient="plain",
+                  init_strategy=numpyro.infer.init_to_uniform)
+    """
+
+    State = BAOABState
+    HYPERPARAMETERS = ("step_size", "friction", "temperature")
+
+    def __init__(self, model, step_size=None, *, friction=None, temperature=1.0,
+                 preconditioner="laplace", gradient="cv", estimate_noise=False,
+                 warmup_options=None, subsample_size=None, replace=True, init_strategy=None,
+                 check_data=True, noise_ema_weight=0.1):
+        if step_size is not None and not callable(step_size):
+            check_positive("step_size", step_size)
+        if friction is None and preconditioner is None:
+            raise ValueError(
+                "friction=None chooses γ in the units of the preconditioner (γ·√ε is what "
+                "matters); with preconditioner=None give friction, per unit time with the time step "
+                "h = √step_size."
+            )
+        for name, value in (("friction", friction), ("temperature", temperature)):
+            if value is not None and np.ndim(value) != 0:
+                raise ValueError(f"{name} must be a number, got {value!r}.")
+        check_positive("friction", DEFAULT_FRICTION if friction is None else friction)
+        check_positive("temperature", temperature)
+        super().__init__(model, step_size, **self.shared(locals()))
+        self.friction = DEFAULT_FRICTION if friction is None else float(friction)
+        self.temperature = float(temperature)
+        self.estimate_noise = bool(estimate_noise)
+
+    def _hyperparameters(self, dim, precond):
+        real = jnp.result_type(float)
+        return BAOABHyper(
+            step_size=resolve_step_size(self.step_size, DEFAULT_STEP_SIZE, dim),
+            friction=jnp.asarray(self.friction, real),
+            temperature=jnp.asarray(self.temperature, real),
+        )
+
+    def _init_fields(self, noise_sd, hyper, dim, dtype):
+        eps = step_size_at(hyper.step_size, 0, dtype)
+        return dict(step_size=jnp.zeros_like(eps), momentum=jnp.zeros((dim,), dtype),
+                    kinetic_temperature=jnp.zeros((), dtype))
+
+    def _move(self, state, grad_w, noise_sd_w, key):
+        h = state.hyper
+        eps = step_size_at(h.step_size, state.i, grad_w.dtype)
+        noise = random.normal(key, grad_w.shape, grad_w.dtype)
+        du, p = baoab_move(state.momentum, grad_w, jnp.sqrt(eps), jnp.sqrt(state.step_size),
+                           h.friction, h.temperature, noise)
+        return du, dict(step_size=eps, momentum=p, kinetic_temperature=jnp.mean(p**2))
