@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jax import random
 
 __all__ = [
+    "resolve_step_size",
     "PolynomialSchedule",
     "CallableSchedule",
     "polynomial_schedule",
@@ -238,3 +239,22 @@ def guard_step(guard: DivergenceGuard, flat, grad_norm, finite):
 def freeze(diverging, old, new):
     """``old`` where ``diverging`` else ``new`` (pytrees of the same structure)."""
     return jax.tree.map(lambda a, b: jnp.where(diverging, a, b), old, new)
+
+
+def resolve_step_size(step_size, default, dim: int):
+    """A Langevin-family step size as held in a kernel's hyperparameters.
+
+    ``default`` when ``step_size`` is ``None``; a schedule pytree as is; any other callable
+    t ↦ ε_t wrapped in a :class:`~numpyro_sg.kernels.moves.CallableSchedule`; otherwise an
+    array, a scalar or one entry per unconstrained coordinate (shape ``(dim,)``, checked).
+    """
+    eps = default if step_size is None else step_size
+    if callable(eps) and not isinstance(eps, (PolynomialSchedule, CallableSchedule)):
+        eps = CallableSchedule(eps)
+    if not callable(eps):
+        eps = jnp.asarray(eps, jnp.result_type(float))
+        if eps.ndim > 1 or (eps.ndim == 1 and eps.shape != (dim,)):
+            raise ValueError(
+                f"step_size has shape {eps.shape} but the model has {dim} unconstrained coordinates."
+            )
+    return eps

@@ -52,8 +52,13 @@ from jax import random
 from jax.flatten_util import ravel_pytree
 
 from numpyro_sg.kernels.base import GradientKernel, check_positive, gradient_state
-from numpyro_sg.kernels.moves import ema, langevin_move, langevin_noise_variance, step_size_at
-from numpyro_sg.kernels.sgld import resolve_step_size
+from numpyro_sg.kernels.moves import (
+    ema,
+    langevin_move,
+    langevin_noise_variance,
+    resolve_step_size,
+    step_size_at,
+)
 from numpyro_sg.preconditioner import from_working, to_working
 
 __all__ = [

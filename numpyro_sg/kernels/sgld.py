@@ -32,36 +32,16 @@ from jax import random
 
 from numpyro_sg.kernels.base import GradientKernel, check_choice, check_positive, gradient_state
 from numpyro_sg.kernels.moves import (
-    CallableSchedule,
-    PolynomialSchedule,
     langevin_move,
     langevin_noise_variance,
+    resolve_step_size,
     step_size_at,
 )
 
-__all__ = ["SGLD", "SGLDState", "SGLDHyper", "DEFAULT_STEP_SIZE", "resolve_step_size"]
+__all__ = ["SGLD", "SGLDState", "SGLDHyper", "DEFAULT_STEP_SIZE"]
 
 #: default ε in the working frame of the Laplace preconditioner (see docs/warmup.md)
 DEFAULT_STEP_SIZE = 0.7
-
-
-def resolve_step_size(step_size, default, dim: int):
-    """A Langevin-family step size as held in a kernel's hyperparameters.
-
-    ``default`` when ``step_size`` is ``None``; a schedule pytree as is; any other callable
-    t ↦ ε_t wrapped in a :class:`~numpyro_sg.kernels.moves.CallableSchedule`; otherwise an
-    array, a scalar or one entry per unconstrained coordinate (shape ``(dim,)``, checked).
-    """
-    eps = default if step_size is None else step_size
-    if callable(eps) and not isinstance(eps, (PolynomialSchedule, CallableSchedule)):
-        eps = CallableSchedule(eps)
-    if not callable(eps):
-        eps = jnp.asarray(eps, jnp.result_type(float))
-        if eps.ndim > 1 or (eps.ndim == 1 and eps.shape != (dim,)):
-            raise ValueError(
-                f"step_size has shape {eps.shape} but the model has {dim} unconstrained coordinates."
-            )
-    return eps
 
 
 class SGLDHyper(NamedTuple):
