@@ -13,8 +13,9 @@ initialisation, compilation and — for our kernels — the warmup's mode search
 * ``HMCECS`` (NumPyro's energy-conserving subsampling with its second-order Taylor proxy
   around the mode, the subsampling alternative users already have), one chain,
   ``num_blocks=10``, the same iterations as NUTS;
-* ``nsg.SGLD(model)`` and ``nsg.SGBD(model)`` with their defaults: 4 vectorised chains,
-  1,000 warmup + 2,000 draws.
+* ``nsg.SGLD(model)`` and ``nsg.SGBD(model)`` (or the kernels named by ``--kernels``, e.g.
+  ``SGLD,SGBD,PSGLD,BAOAB``) with their defaults: 4 vectorised chains, 1,000 warmup + 2,000
+  draws.
 
 An untimed warm-up (every method briefly on N = 2,000) runs first, so that JAX's process-wide
 one-off costs are not charged to the method timed first.  HMCECS's Taylor proxy stores a
@@ -155,7 +156,7 @@ def warm_up(args):
     full = full_data(logistic, discover_plates(logistic, (X, y), {}))
     _timed_run(NUTS(full), X, y, num_warmup=20, num_samples=20, num_chains=1,
                chain_method="sequential", **small)
-    for make in (nsg.SGLD, nsg.SGBD):
+    for make in (getattr(nsg, name) for name in args.kernels.split(",")):
         _timed_run(make(logistic), X, y, num_warmup=20, num_samples=20, num_chains=4,
                    chain_method="vectorized", **small)
 
@@ -170,8 +171,8 @@ def run_problem(kind, N, args):
                          num_chains=1, chain_method="sequential", **common)
     ref = _summary(mcmc.get_samples(group_by_chain=True), t)
     results["NUTS"] = ref
-    for name, make in (("SGLD", nsg.SGLD), ("SGBD", nsg.SGBD)):
-        kernel = make(model)
+    for name in args.kernels.split(","):
+        kernel = getattr(nsg, name)(model)
         mcmc, t = _timed_run(kernel, X, y, num_warmup=args.warmup, num_samples=args.samples,
                              num_chains=4, chain_method="vectorized", **common)
         results[name] = _summary(mcmc.get_samples(group_by_chain=True), t, ref)
@@ -206,6 +207,8 @@ def main(argv=None):
     parser.add_argument("--nuts-samples", type=int, default=1000)
     parser.add_argument("--jit-model-args", action="store_true")
     parser.add_argument("--no-hmcecs", action="store_true")
+    parser.add_argument("--kernels", default="SGLD,SGBD",
+                        help="comma-separated numpyro_sg kernels run with their defaults")
     parser.add_argument("--quick", action="store_true", help="N = 2e4 and short runs")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
