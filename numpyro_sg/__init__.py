@@ -1,6 +1,7 @@
 """numpyro_sg: stochastic-gradient MCMC kernels for NumPyro, with ArviZ output and KSD."""
 
 from numpyro_sg.kernels import ESGLD, SGBD, SGLD, DivergenceWarning, SparseAsync, polynomial_schedule
+from numpyro_sg.kernels import SGHMC, SGNHT
 from numpyro_sg.arviz import summary, to_inference_data
 from numpyro_sg.diagnostics.convergence import ConvergenceWarning, check_convergence
 from numpyro_sg.diagnostics.ksd import ksd_path, ksd_per_coordinate
@@ -17,6 +18,8 @@ __all__ = [
     "SGBD",
     "ESGLD",
     "SparseAsync",
+    "SGHMC",
+    "SGNHT",
     "DivergenceWarning",
     "ConvergenceWarning",
     "check_convergence",
