@@ -385,6 +385,20 @@ def test_divergence_freezes_chain_and_momentum(linear_data):
         assert np.all(np.isfinite(values)) and np.all(values[first:] == values[first])
 
 
+def test_adapted_preconditioner_resets_the_momentum(logistic_data):
+    """preconditioner="adapt" changes the working frame at 50% and 85% of the warmup: the
+    momentum (in the old frame) is reset to zero there, and only there."""
+    kernel = nsg.SGHMC(logistic_model, preconditioner="adapt")
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    state = kernel.init(keys, 100, None, logistic_data, {})
+    state = state._replace(momentum=jnp.ones_like(state.momentum))
+    between = jax.jit(kernel._between_steps)
+    for i, reset in ((49, False), (50, True), (85, True), (86, False)):
+        new = between(state._replace(i=jnp.full_like(state.i, i)))
+        assert bool(jnp.all(new.momentum == 0)) == reset, i
+        assert reset or bool(jnp.all(new.momentum == 1))
+
+
 @pytest.mark.parametrize(
     "make, match",
     [
