@@ -2,6 +2,7 @@
 
 from numpyro_sg.kernels import ESGLD, SGBD, SGLD, DivergenceWarning, SparseAsync, polynomial_schedule
 from numpyro_sg.kernels import BAOAB, PSGLD
+from numpyro_sg.kernels import SGHMC, SGNHT
 from numpyro_sg.arviz import summary, to_inference_data
 from numpyro_sg.diagnostics.convergence import ConvergenceWarning, check_convergence
 from numpyro_sg.diagnostics.ksd import ksd_path, ksd_per_coordinate
@@ -18,6 +19,8 @@ __all__ = [
     "SGBD",
     "ESGLD",
     "SparseAsync",
+    "SGHMC",
+    "SGNHT",
     "DivergenceWarning",
     "ConvergenceWarning",
     "check_convergence",

@@ -20,6 +20,12 @@ KERNELS = {
     "sgld-corrected": lambda **kw: nsg.SGLD(logistic_model, 1e-3, variant="corrected", **kw),
     "sgbd": lambda **kw: nsg.SGBD(logistic_model, 0.02, **kw),
     "sgbd-adaptive": lambda **kw: nsg.SGBD(logistic_model, 0.02, adapt_step_size=True, **kw),
+    # SGNHT stands for both momentum kernels here (SGHMC shares its shell; tests/test_sghmc.py)
+    "sgnht": lambda **kw: nsg.SGNHT(logistic_model, 1e-3, **kw),
+    # pSGLD and BAOAB with the papers' settings (no mode search, to keep the suite fast; their
+    # defaults: tests/test_psgld_baoab.py)
+    "psgld": lambda **kw: nsg.PSGLD(logistic_model, 1e-3, **CLASSIC, **kw),
+    "baoab": lambda **kw: nsg.BAOAB(logistic_model, 1e-4, friction=30.0, **CLASSIC, **kw),
 }
 
 
@@ -35,14 +41,6 @@ def _samples(kernel, data, chain_method="sequential", num_chains=2, jit_model_ar
     )
     mcmc.run(jax.random.PRNGKey(key), *data, extra_fields=("step_size", "grad_noise_sd"))
     return mcmc
-
-
-# pSGLD and BAOAB take the generic checks too (their own tests: tests/test_psgld_baoab.py)
-# (the papers' settings: no mode search, to keep the suite fast)
-KERNELS.update({
-    "psgld": lambda **kw: nsg.PSGLD(logistic_model, 1e-3, **CLASSIC, **kw),
-    "baoab": lambda **kw: nsg.BAOAB(logistic_model, 1e-4, friction=30.0, **CLASSIC, **kw),
-})
 
 
 @pytest.mark.parametrize("name", list(KERNELS))

@@ -6,9 +6,10 @@ from numpyro_sg.kernels.esgld import ESGLD
 from numpyro_sg.kernels.moves import polynomial_schedule
 from numpyro_sg.kernels.psgld import PSGLD
 from numpyro_sg.kernels.sgbd import SGBD
+from numpyro_sg.kernels.sghmc import SGHMC, SGNHT
 from numpyro_sg.kernels.sgld import SGLD
 from numpyro_sg.kernels.sparse_async import SparseAsync
 
 __all__ = ["SGKernel", "GradientKernel", "DivergenceWarning", "SGLD", "SGBD", "ESGLD", "SparseAsync",
            "polynomial_schedule"]
-__all__ += ["PSGLD", "BAOAB"]
+__all__ += ["PSGLD", "BAOAB", "SGHMC", "SGNHT"]
