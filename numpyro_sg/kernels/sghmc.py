@@ -72,7 +72,7 @@ import numpy as np
 from jax import random
 
 from numpyro_sg.kernels.base import GradientKernel, check_choice, check_positive, gradient_state
-from numpyro_sg.kernels.moves import CallableSchedule, PolynomialSchedule, freeze, step_size_at
+from numpyro_sg.kernels.moves import freeze, resolve_step_size, step_size_at
 
 __all__ = [
     "SGHMC",
@@ -87,7 +87,6 @@ __all__ = [
     "kinetic_energy",
     "thermostat_update",
     "blackjax_parameters",
-    "step_size_hyperparameter",
     "DEFAULT_STEP_SIZE",
     "DEFAULT_FRICTION",
     "SGNHT_DEFAULT_STEP_SIZE",
@@ -185,24 +184,6 @@ def blackjax_parameters(step_size, friction, noise_variance=0.0) -> dict:
     return {"step_size": h, "alpha": float(friction) / h, "beta": float(noise_variance)}
 
 
-def step_size_hyperparameter(step_size, default, dim):
-    """The step size as held in a state: a schedule pytree, or a float array (scalar or (dim,)).
-
-    ``None`` gives ``default``; a callable that is not already a schedule pytree is wrapped in
-    a :class:`~numpyro_sg.kernels.moves.CallableSchedule` (so a tuner can rescale it).
-    """
-    eps = default if step_size is None else step_size
-    if callable(eps) and not isinstance(eps, (PolynomialSchedule, CallableSchedule)):
-        eps = CallableSchedule(eps)
-    if not callable(eps):
-        eps = jnp.asarray(eps, jnp.result_type(float))
-        if eps.ndim > 1 or (eps.ndim == 1 and eps.shape != (dim,)):
-            raise ValueError(
-                f"step_size has shape {eps.shape} but the model has {dim} unconstrained coordinates."
-            )
-    return eps
-
-
 # -------------------------------------------------------------------------------------------
 # the kernels
 # -------------------------------------------------------------------------------------------
@@ -264,7 +245,7 @@ class MomentumKernel(GradientKernel):
     def _hyperparameters(self, dim, precond):
         dtype = jnp.result_type(float)
         return MomentumHyper(
-            step_size=step_size_hyperparameter(self.step_size, self.DEFAULT_STEP_SIZE, dim),
+            step_size=resolve_step_size(self.step_size, self.DEFAULT_STEP_SIZE, dim),
             friction=jnp.asarray(self.friction, dtype),
             temperature=jnp.asarray(self.temperature, dtype),
         )
