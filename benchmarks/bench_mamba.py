@@ -1,100 +1,141 @@
-"""MAMBA-KSD against grid-search-KSD on paper 002's logistic regression (one process).
+"""MAMBA's picks against NUTS, and MAMBA against grid search (one process).
 
-    python benchmarks/bench_mamba.py                       # T = 60 s of MAMBA chains
-    python benchmarks/bench_mamba.py --budget 30 --json out.json
+    python benchmarks/bench_mamba.py                                  # the acceptance table
+    python benchmarks/bench_mamba.py --models logistic --budgets 20 --seeds 0 --grids default
+    python benchmarks/bench_mamba.py --versus-grid --json out.json    # + grid search, plain KSD
 
-Problem: d = 10, N = 100,000, prior N(0, 10·I) (paper 002 Appendix B.1), SGLD, the paper's
-step grid log10 h ∈ {−3, −3.5, …, −7.5} × batch fractions {10%, 1%, 0.1%}: 30 arms.
+Problems (issue "MAMBA users can trust"): logistic regression d = 10, N = 100,000, prior
+N(0, 10·I) (paper 002 Appendix B.1), and Poisson regression d = 10, N = 200,000 (the model of
+``bench_vs_nuts.py``).  Coarse grids of 5 × 3 = 15 arms (two rounds at η = 3):
 
-1. ``nsg.mamba`` with ``time_budget`` T (chain seconds over all arms and rounds).
-2. ``nsg.grid_search`` over the same grid with every arm given the chain time the MAMBA
-   winner had in total (R, "the same per-arm final budget").
-3. Both score with full-data KSD on the same Laplace scale (the same start point and key),
-   so their KSDs compare directly; the ratio of their wall times (everything included:
-   set-up, compilation, scoring) is the speed-up.
-4. The tuned SGLD is run again with ``MCMC`` (``--rerun-samples`` draws) and compared with
-   NUTS on the full data: ξ(σ̂) = ‖σ̂ − σ_NUTS‖/‖σ_NUTS‖ (paper Table 1: 28.3% at N = 10⁶).
+* ``default``: ``nsg.SGLD(model)`` as the docs show it (warmup, Laplace preconditioner,
+  control variates), step sizes {10, 1, 0.1, 0.01, 0.001} in the preconditioner's units
+  (the default is 0.7, so 10 is an order of magnitude too large), subsample sizes
+  {N/10, N/100, N/1000};
+* ``paper``: paper 002's SGLD (``preconditioner=None, gradient="plain"``), absolute step
+  sizes {10⁻³, …, 10⁻⁷}, the same subsample sizes.
+
+For each budget T and seed, ``nsg.mamba(..., time_budget=T)`` is timed (the whole call), and
+its pick is run again from ``make(**best_params)`` under ``MCMC`` (500 warmup + 5,000 draws,
+its own warmup) and compared with NUTS on the full data (1 chain, 1,000 + 2,000, cached):
+ξ(σ̂) = ‖σ̂ − σ_NUTS‖/‖σ_NUTS‖ and the largest |mean − mean_NUTS|/sd_NUTS.
+
+``--versus-grid`` adds, for seed 0 of each problem: ``nsg.grid_search`` at the same budget and
+at 3× it, and MAMBA with paper 002's plain KSD (``criterion="plain"``).
 """
 
 import argparse
+import functools
 import json
-import math
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
-from numpyro.infer import MCMC, init_to_uniform
+import numpyro
+import numpyro.distributions as dist
+from numpyro.infer import MCMC
 
 import numpyro_sg as nsg
 from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
 
 
-def model(X, y=None, subsample_size=1000):
-    return logistic_regression_model(X, y, subsample_size=subsample_size, prior_scale=math.sqrt(10.0))
+def logistic(X, y=None, subsample_size=1000):
+    return logistic_regression_model(X, y, subsample_size=subsample_size, prior_scale=np.sqrt(10.0))
 
 
-def make(**kw):  # paper 002's SGLD: absolute step sizes, plain gradients
-    return nsg.SGLD(model, preconditioner=None, gradient="plain", init_strategy=init_to_uniform, **kw)
+def poisson(X, y=None, subsample_size=1000):
+    N, d = X.shape
+    b0 = numpyro.sample("intercept", dist.Normal(0.0, 5.0))
+    beta = numpyro.sample("beta", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
+    with numpyro.plate("data", N, subsample_size=subsample_size):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = numpyro.subsample(y, event_dim=0) if y is not None else None
+        numpyro.sample("y", dist.Poisson(jnp.exp(b0 + Xb @ beta)), obs=yb)
+
+
+def data(kind):
+    if kind == "logistic":
+        X, y, _ = simulate_logistic_regression(100_000, dim=10, seed=0)
+        return logistic, X, y
+    rng = np.random.default_rng(0)
+    N = 200_000
+    X = (0.3 * rng.normal(size=(N, 9))).astype(np.float32)
+    y = rng.poisson(np.exp(1.0 + X @ (0.5 * rng.normal(size=9)))).astype(np.float32)
+    return poisson, X, y
+
+
+def grid_of(name, model, N):
+    sizes = [N // 10, N // 100, N // 1000]
+    if name == "default":
+        return functools.partial(nsg.SGLD, model), {"step_size": [10.0, 1.0, 0.1, 0.01, 0.001],
+                                                    "subsample_size": sizes}
+    return (functools.partial(nsg.SGLD, model, preconditioner=None, gradient="plain"),
+            {"step_size": [1e-3, 1e-4, 1e-5, 1e-6, 1e-7], "subsample_size": sizes})
+
+
+def accuracy(make, params, X, y, ref, num_samples, seed):
+    """ξ(σ̂), max |mean error| (NUTS sds) and seconds of make(**params) under MCMC."""
+    mcmc = MCMC(make(**params), num_warmup=num_samples // 10, num_samples=num_samples, progress_bar=False)
+    start = time.perf_counter()
+    mcmc.run(jax.random.PRNGKey(100 + seed), X, y)
+    jax.block_until_ready(mcmc.get_samples())
+    idata = nsg.to_inference_data(mcmc, sampling_time=time.perf_counter() - start)
+    table = nsg.compare(idata, ref, ksd=False)
+    return float(table.attrs["xi_sd"]), float(np.max(np.abs(table["mean_err"]))), time.perf_counter() - start
+
+
+def tuner_row(tuner, make, grid, X, y, ref, budget, seed, args, **kw):
+    start = time.perf_counter()
+    res = tuner(make, grid, (X, y), time_budget=budget, rng_key=jax.random.PRNGKey(seed), **kw)
+    wall = time.perf_counter() - start
+    xi, err, _ = accuracy(make, res.best_params, X, y, ref, args.rerun_samples, seed)
+    best = res.rounds[res.rounds["arm"] == res.arms.index(res.best_params)].iloc[-1]
+    return {"budget": budget, "seed": seed, "wall": wall, "wall_ratio": wall / budget,
+            "best": {k: float(v) for k, v in res.best_params.items()}, "ksd": float(best["ksd"]),
+            "xi": xi, "max_mean_err": err, "rounds": res.num_rounds,
+            "overhead": {k: round(v, 2) for k, v in res.overhead.items()},
+            "chain_seconds": float(res.rounds["seconds"].sum())}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-data", type=int, default=100_000)
-    parser.add_argument("--budget", type=float, default=60.0)
-    parser.add_argument("--rerun-samples", type=int, default=20_000)
-    parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--models", default="logistic,poisson")
+    parser.add_argument("--grids", default="default,paper")
+    parser.add_argument("--budgets", default="20,60")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--rerun-samples", type=int, default=5000)
+    parser.add_argument("--versus-grid", action="store_true")
+    parser.add_argument("--cache-dir", default=".nuts_cache")
     parser.add_argument("--json", default=None)
-    parser.add_argument("--init", default="laplace", choices=["laplace", "kernel"],
-                        help="arms start at Laplace draws (near the mode, as paper 002 starts "
-                        "near the MAP) or at the kernel's init_strategy (init_to_uniform)")
     args = parser.parse_args(argv)
-    init = None if args.init == "kernel" else args.init
-
-    N = args.num_data
-    X, y, _ = simulate_logistic_regression(N, dim=10, seed=0)
-    grid = {
-        "step_size": [10.0**e for e in np.arange(-3.0, -7.51, -0.5)],
-        "subsample_size": [N // 10, N // 100, N // 1000],
-    }
-    key = jax.random.PRNGKey(0)
-    m = nsg.mamba(make, grid, (X, y), time_budget=args.budget, rng_key=key, init_params=init)
-    best_arm = m.arms.index(m.best_params)
-    R = float(m.rounds.loc[m.rounds["arm"] == best_arm, "seconds"].sum())
-    m_ksd = float(m.rounds.loc[m.rounds["arm"] == best_arm, "score"].iloc[-1])
-    print(f"MAMBA: {m.elapsed:.1f} s wall ({m.rounds['seconds'].sum():.1f} s chains; overhead "
-          + ", ".join(f"{k} {v:.1f}" for k, v in m.overhead.items()) + f"); chose {m.best_params}, "
-          f"KSD {m_ksd:.3f}, its chain time R = {R:.2f} s")
-    g = nsg.grid_search(make, grid, (X, y), time_budget=R, rng_key=key, init_params=init)
-    g_ksd = float(g.rounds["score"].min())
-    print(f"grid search (R = {R:.2f} s per arm): {g.elapsed:.1f} s wall "
-          f"({g.rounds['seconds'].sum():.1f} s chains; overhead "
-          + ", ".join(f"{k} {v:.1f}" for k, v in g.overhead.items()) + f"); chose {g.best_params}, KSD {g_ksd:.3f}")
-    assert np.allclose(m.scales, g.scales), "the two tuners must share one KSD scale"
-    print(f"KSD ratio MAMBA / grid = {m_ksd / g_ksd:.2f} (target ≤ 1.5); "
-          f"wall-time ratio MAMBA / grid = {m.elapsed / g.elapsed:.2f} (target ≤ 1/3)")
-
-    ref = nsg.nuts_reference(model, X, y, num_warmup=1000, num_samples=2000,
-                             cache_dir=args.cache_dir, progress_bar=False)
-    xi_mamba_chain = nsg.compare(m.idata, ref).attrs["xi_sd"]
-    mcmc = MCMC(make(**m.best_params), num_warmup=args.rerun_samples // 4,
-                num_samples=args.rerun_samples, progress_bar=False)
-    start = time.perf_counter()
-    mcmc.run(jax.random.PRNGKey(1), X, y)
-    jax.block_until_ready(mcmc.get_samples())
-    rerun = nsg.to_inference_data(mcmc, sampling_time=time.perf_counter() - start)
-    table = nsg.compare(rerun, ref)
-    print(f"NUTS: {ref.posterior.attrs['sampling_time']:.1f} s. Tuned SGLD rerun "
-          f"({args.rerun_samples} draws, {rerun.posterior.attrs['sampling_time']:.1f} s): "
-          f"ξ(σ̂) = {100 * table.attrs['xi_sd']:.1f}% (paper: 28.3%), KSD {table.attrs['ksd']:.3f} "
-          f"(NUTS {table.attrs['ksd_reference']:.3f}); MAMBA's own chain: ξ(σ̂) = {100 * xi_mamba_chain:.1f}%")
-    out = {
-        "budget": args.budget, "init": args.init, "mamba_wall": m.elapsed, "mamba_overhead": m.overhead,
-        "mamba_best": {k: float(v) for k, v in m.best_params.items()}, "mamba_ksd": m_ksd,
-        "per_arm_budget": R, "grid_wall": g.elapsed, "grid_overhead": g.overhead,
-        "grid_best": {k: float(v) for k, v in g.best_params.items()}, "grid_ksd": g_ksd,
-        "ksd_ratio": m_ksd / g_ksd, "wall_ratio": m.elapsed / g.elapsed,
-        "xi_sd_rerun": table.attrs["xi_sd"], "xi_sd_mamba_chain": xi_mamba_chain,
-    }
+    budgets = [float(b) for b in args.budgets.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    out = []
+    for kind in args.models.split(","):
+        model, X, y = data(kind)
+        ref = nsg.nuts_reference(model, X, y, num_warmup=1000, num_samples=2000,
+                                 cache_dir=args.cache_dir, progress_bar=False)
+        for grid_name in args.grids.split(","):
+            make, grid = grid_of(grid_name, model, X.shape[0])
+            for budget in budgets:
+                for seed in seeds:
+                    row = tuner_row(nsg.mamba, make, grid, X, y, ref, budget, seed, args)
+                    row.update(model=kind, grid=grid_name, tuner="mamba")
+                    out.append(row)
+                    print(json.dumps(row), flush=True)
+            if args.versus_grid:
+                for tuner, budget, kw in ((nsg.grid_search, budgets[0], {}),
+                                          (nsg.grid_search, 3 * budgets[0], {}),
+                                          (nsg.mamba, budgets[0], {"criterion": "plain"})):
+                    row = tuner_row(tuner, make, grid, X, y, ref, budget, 0, args, **kw)
+                    row.update(model=kind, grid=grid_name, tuner=tuner.__name__ + ("-plain" if kw else ""))
+                    out.append(row)
+                    print(json.dumps(row), flush=True)
+    print(f"\n{'model':9s} {'grid':8s} {'tuner':12s} {'T':>4s} {'seed':>4s} {'wall/T':>6s} {'ξ':>6s} {'max err':>7s}  pick")
+    for r in out:
+        print(f"{r['model']:9s} {r['grid']:8s} {r['tuner']:12s} {r['budget']:4.0f} {r['seed']:4d} "
+              f"{r['wall_ratio']:6.2f} {r['xi']:6.3f} {r['max_mean_err']:7.3f}  {r['best']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

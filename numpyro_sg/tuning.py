@@ -6,39 +6,47 @@ M arms, a time budget of T seconds and pruning rate η, for rounds i = 0 … ⌊
 
 1. every surviving arm runs for r_i = T / (|S_i|·⌊log_η M⌋) more seconds, *continuing its
    own chain*;
-2. each arm is scored by the KSD of its (thinned) draws with full-data scores, or by FSSD;
+2. each arm is scored by a Stein discrepancy of its draws;
 3. the ⌊|S_i|/η⌋ arms with the lowest score survive.
 
-Choices made here (each documented in ``docs/tuning.md``):
+Choices made here (each measured and documented in ``docs/tuning.md``):
 
-* **The budget is chain time, as in the paper.**  ``time_budget`` T is the total wall time
-  spent running chains, split exactly as Algorithm 1 (r_i per arm per round).  Set-up (the
-  kernels' ``init``), compilation and scoring come on top: they are measured and reported
-  in :attr:`TuningResult.overhead`, and :attr:`TuningResult.elapsed` is the wall time of the
-  whole call.  (Full-data scores cost one pass over the data per scored draw, so on big data
-  they can rival the chains' time; ``score_draws`` bounds them.)
-* **One common KSD scale.**  Every arm, in every round, is scored with one set of
-  per-coordinate scales fixed before the first round (the Laplace scales at the mode of the
-  full-data posterior by default, or an array), never with each arm's own sd — otherwise
-  the scores are not on one scale (SPEC §7).
+* **A criterion that tracks accuracy** (``criterion="ess"``, default).  The paper's KSD of a
+  short run mixes two things: the arm's bias and its Monte Carlo error, which is large for a
+  slowly mixing chain — so at short budgets fast-mixing, biased arms win.  Here each arm's
+  draws (after a burn-in of half its first round) are thinned to about one per effective
+  sample (median bulk ESS over coordinates), which makes them nearly independent, and scored by the U-statistic
+  KSD_U², an unbiased estimate of KSD² of the distribution the arm samples — its bias — with
+  no term for autocorrelation; the ranking key is KSD_U² plus its standard error, so an arm
+  with few effective draws (not mixed, or frozen) cannot win by luck.
+  ``criterion="plain"`` is the paper's KSD (V-statistic of all thinned draws).
+* **Scores from mini-batches.**  KSD needs ∇ log π at each scored draw; with the full data
+  that is a pass over N rows per draw.  Gradient kernels' draws are scored with control-
+  variate estimates on an independent mini-batch per draw (the stochastic Stein discrepancy of
+  Gorham, Raj & Mackey 2020; the U-statistic is unbiased under such noise), O(score_subsample)
+  per draw.
+* **Arms start where the warmup starts chains.**  The warmup's mode search runs once; every
+  arm of a gradient kernel shares its Laplace preconditioner and control-variate anchor and
+  starts at its own draw of the Laplace approximation.  :meth:`TuningResult.best_kernel`
+  reuses that warmup, so the tuned kernel under ``MCMC`` runs the chain that was scored.
+* **The budget is the call's wall time.**  ``time_budget`` covers set-up (the mode search, the
+  kernels' ``init``), compilation, chains and scoring; the chains get what is left after
+  set-up and the predicted scoring, split over rounds as Algorithm 1 splits T.  The breakdown
+  is in :attr:`TuningResult.overhead`.
+* **One common KSD scale**: the warmup's Laplace sds (or an array) for every arm and round.
 * **Vectorised arms.**  Arms that differ only in real scalar hyperparameters that the kernel
   holds in its state (``kernel.HYPERPARAMETERS``: ``step_size``, ``temperature``, …) and
   share everything else (the subsample size in particular) run as one ``vmap``-ed batch of
   chains of the kernel's pure ``step``, compiled once; the kernel itself is never modified.  A
   batch serving g arms runs for g·r_i seconds of wall time and each arm is charged 1/g of
-  it, so the accounting is the paper's; because a batch costs much less than g separate
-  chains, each arm gets more iterations in its share.  After pruning, a batch keeps its
-  compiled shape: its slots are refilled with forks of the surviving chains (same state,
-  fresh random keys), so no slot idles and nothing is recompiled; an arm's draws are pooled
-  over its forks.
+  it.  After pruning, a batch keeps its compiled shape: its slots are refilled with forks of
+  the surviving chains (same state, fresh random keys), so nothing is recompiled.
 * Arms run in a compiled loop over the kernel's step (``lax.fori_loop``, dynamic length) with
-  a preallocated buffer of thinned draws: no per-round ``MCMC.run`` recompilation and no host
-  callback in the loop.  A chain that diverges (non-finite state or gradient) scores
-  ``inf``.
+  a preallocated buffer of thinned draws.  A chain that diverges scores ``inf``.
 
-**Grid search** runs every arm for ``time_budget`` seconds (no pruning) and scores it the
-same way, or with a user-supplied metric (e.g. held-out log-loss).  :func:`heuristic_step_size` is the
-h = 1/N rule of thumb (Brosse et al. 2018).
+**Grid search** gives every arm an equal share of the budget (no pruning) and scores it the
+same way, or with a user-supplied metric (e.g. held-out log-loss).
+:func:`heuristic_step_size` is the h = 1/N rule of thumb (Brosse et al. 2018).
 """
 
 from __future__ import annotations
@@ -46,7 +54,10 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
+import os
 import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -54,19 +65,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
+import xarray as xr
 from jax import lax, random
 
 from numpyro_sg.arviz import attach_ksd as _attach_ksd
 from numpyro_sg.arviz import cast_discrete as _cast_discrete
 from numpyro_sg.arviz import preconditioner_name as _preconditioner_name
+from numpyro_sg.diagnostics.convergence import bulk_ess
 from numpyro_sg.diagnostics.fssd import fssd
-from numpyro_sg.diagnostics.ksd import ksd
-from numpyro_sg.diagnostics.model_scores import ModelScores, stein_dataset
-from numpyro_sg.laplace import laplace_approximation
+from numpyro_sg.diagnostics.ksd import ksd, ksd_u_statistic, signed_sqrt
+from numpyro_sg.diagnostics.model_scores import ModelScores
+from numpyro_sg.kernels.base import GradientKernel
+from numpyro_sg.minibatch import Anchor
+from numpyro_sg.warmup import fit_model_mode, starting_points
 
-__all__ = ["mamba", "grid_search", "heuristic_step_size", "TuningResult", "grid_arms"]
+__all__ = ["mamba", "grid_search", "heuristic_step_size", "TuningResult", "grid_arms", "MIN_ESS"]
 
 _METRICS = ("ksd", "fssd")
+_CRITERIA = ("ess", "plain")
 _MAX_CHUNK = 2**15  # iterations per compiled call, at most
 
 
@@ -101,17 +117,22 @@ def grid_arms(grid: dict) -> list[dict]:
 class TuningResult:
     """What :func:`mamba` and :func:`grid_search` return.
 
-    ``best_params`` the winning arm's keyword arguments; ``idata`` its chain as an
-    ``arviz.InferenceData`` (all its thinned draws, KSD on the common scale in
-    ``sample_stats``); ``rounds`` a ``DataFrame`` with one row per (round, arm): ``round``,
-    ``arm``, the arm's hyperparameters, ``iterations`` (run in that round), ``draws`` (kept so
-    far), ``seconds`` (charged in that round), ``score`` (after that round; ``inf`` for a
-    diverged chain), ``diverged`` and ``kept``; ``elapsed`` the wall time of the whole call;
+    ``best_params`` the winning arm's keyword arguments (``make_kernel(**best_params)`` is the
+    tuned kernel; :meth:`best_kernel` builds it reusing the tuner's warmup); ``idata`` its
+    chain as an ``arviz.InferenceData`` (its thinned draws pooled into one chain, KSD of the
+    draws it was scored on in ``sample_stats``); ``rounds`` a ``DataFrame`` with one row per
+    (round, arm): ``round``, ``arm``, the arm's hyperparameters, ``iterations`` (run in that
+    round), ``draws`` (kept so far, burn-in excluded), ``seconds`` (charged in that round),
+    ``ess`` (bulk effective sample size of those draws), ``ksd`` (signed √KSD_U² of the
+    ESS-thinned draws, or the plain KSD), ``se`` (its standard error, KSD² units), ``score``
+    (the ranking key; ``inf`` for a diverged chain), ``mixed`` (ESS ≥ :data:`MIN_ESS`),
+    ``diverged`` and ``kept``; ``elapsed`` the wall time of the whole call (the budget);
     ``scales`` the common per-coordinate KSD scales (``None``: raw form); ``arms`` every
-    arm's hyperparameters; ``overhead`` the seconds spent outside the chains (``setup``:
-    the kernels' ``init`` and the Laplace scales; ``compile``; ``score``; ``result``:
+    arm's hyperparameters; ``overhead`` the seconds spent outside the chains (``setup``: the
+    warmup's mode search and the kernels' ``init``; ``compile``; ``score``; ``result``:
     building ``idata``).  ``rounds["seconds"].sum()`` is the chain time.  ``batches`` lists
-    the arms that ran as one vectorised batch.
+    the arms that ran as one vectorised batch; ``eta`` and ``num_rounds`` the halving
+    schedule (``eta`` is ``None`` for a grid search); ``criterion`` the selection rule.
     """
 
     best_params: dict
@@ -122,11 +143,27 @@ class TuningResult:
     arms: list = field(default_factory=list)
     overhead: dict = field(default_factory=dict)
     batches: list = field(default_factory=list)
+    eta: int | None = None
+    num_rounds: int = 1
+    criterion: str = "ess"
+    time_budget: float = math.nan
+    make_kernel: Callable | None = field(default=None, repr=False)
+    mode_fit: Any = field(default=None, repr=False)
+
+    def best_kernel(self):
+        """A fresh kernel with the winning hyperparameters, ``make_kernel(**best_params)``,
+        reusing the tuner's warmup (mode, Laplace preconditioner, control-variate anchor) so
+        its ``init`` does not search for the mode again.  Run it with ``MCMC`` as any kernel."""
+        kernel = self.make_kernel(**self.best_params)
+        if self.mode_fit is not None and isinstance(kernel, GradientKernel):
+            kernel.use_mode_fit(self.mode_fit)
+        return kernel
 
     def __repr__(self):
         return (
-            f"TuningResult(best_params={self.best_params}, elapsed={self.elapsed:.1f} s, "
-            f"{len(self.arms)} arms, {self.rounds['round'].nunique()} round(s))"
+            f"TuningResult(best_params={self.best_params}, elapsed={self.elapsed:.1f} s of "
+            f"{self.time_budget:g} s, {len(self.arms)} arms, {self.num_rounds} round(s), "
+            f"eta={self.eta}, criterion={self.criterion!r})"
         )
 
 
@@ -199,7 +236,7 @@ class _Batch:
             values = {n: jnp.asarray([a[n] for a in arms], jnp.result_type(float)) for n in names}
             state = self.kernel.replace_hyperparameters(state, **values)
         self.state = state
-        self._compiled = None
+        self._lowered = self._compiled = None
         self.seconds_per_iteration = None
 
     def _chunk_fn(self):
@@ -227,29 +264,34 @@ class _Batch:
 
         return jax.jit(chunk)
 
-    def compile(self):
-        """Compile for the current batch shape; return the seconds it took."""
-        start = time.perf_counter()
-        fn = self._chunk_fn()
-        self._compiled = fn.lower(
-            self.state, jnp.int32(0), self.model_args, self.model_kwargs
-        ).compile()
-        return time.perf_counter() - start
+    def lower(self):
+        """Trace the batch's chunk program for its shape (the model is traced here, in the
+        calling thread); :meth:`compile` it next."""
+        self._lowered = self._chunk_fn().lower(self.state, jnp.int32(0), self.model_args, self.model_kwargs)
+        return self
 
-    def run(self, seconds: float):
-        """Run every chain of the batch for about ``seconds`` of wall time in total.
+    def compile(self):
+        """XLA-compile the lowered program (thread-safe: batches compile in parallel)."""
+        self._compiled = self._lowered.compile()
+        self._lowered = None
+        return self
+
+    def run(self, seconds: float, min_iterations: int = 0):
+        """Run every chain of the batch for about ``seconds`` of wall time in total, and at
+        least ``min_iterations`` iterations (a multiple of ``thin``).
 
         Returns (iterations per chain, wall seconds, thinned draws {site: (slots, draws, …)}).
         """
         spent, iters, pieces = 0.0, 0, []
+        min_iterations = -(-int(min_iterations) // self.thin) * self.thin
         while True:
             left = seconds - spent
             if self.seconds_per_iteration is None:
                 n = 2 * self.thin
             else:
-                n = int(left / self.seconds_per_iteration)
+                n = max(int(left / self.seconds_per_iteration), min_iterations - iters)
                 n = min(n - n % self.thin, _MAX_CHUNK)
-            if n < self.thin or (self.seconds_per_iteration is not None and left <= 0):
+            if n < self.thin or (self.seconds_per_iteration is not None and left <= 0 and iters >= min_iterations):
                 break
             start = time.perf_counter()
             self.state, buf = self._compiled(
@@ -293,21 +335,29 @@ class _Batch:
         self.arm_ids = list(arm_ids)
 
 
-def _make_batches(make_kernel, arms, vectorize, rng_key, init_params, model_args, model_kwargs, thin):
+def _make_kernels(make_kernel, arms, fit):
+    """One kernel per arm (the warmup's ``fit`` shared by every gradient kernel)."""
     kernels = []
     for i, arm in enumerate(arms):
         try:
-            kernels.append(make_kernel(**arm))
+            kernel = make_kernel(**arm)
         except TypeError as err:
             raise ValueError(
                 f"make_kernel(**{arm}) failed for arm {i}: {err}. Every grid keyword must be an "
                 "argument of the kernel factory (e.g. step_size, subsample_size, variant)."
             ) from err
-        if not hasattr(kernels[-1], "step") or not hasattr(kernels[-1], "replace_hyperparameters"):
+        if not hasattr(kernel, "step") or not hasattr(kernel, "replace_hyperparameters"):
             raise TypeError(
                 f"make_kernel must return a numpyro_sg kernel (SGLD, SGBD, ESGLD, …); got "
-                f"{type(kernels[-1]).__name__}."
+                f"{type(kernel).__name__}."
             )
+        if fit is not None:
+            kernel.use_mode_fit(fit)
+        kernels.append(kernel)
+    return kernels
+
+
+def _make_batches(kernels, arms, vectorize, rng_key, init_params, model_args, model_kwargs, thin):
     groups: list[tuple] = []  # (arm indices, names of the values by which they differ)
     if vectorize:
         by_key: dict = {}
@@ -344,56 +394,58 @@ def _make_batches(make_kernel, arms, vectorize, rng_key, init_params, model_args
 # -------------------------------------------------------------------------------------------
 # scoring
 # -------------------------------------------------------------------------------------------
-class _Scorer:
-    """Scores the thinned draws of an arm: KSD/FSSD with full-data scores, or a user metric."""
+#: arms with fewer effective draws than this are reported as not mixed (``rounds["mixed"]``)
+MIN_ESS = 20
 
-    def __init__(self, model, model_args, model_kwargs, metric, preconditioner, score_draws,
-                 ksd_options, need_laplace):
-        self.metric = metric
+
+class _Scorer:
+    """Scores the thinned draws of an arm (lower is better).
+
+    ``criterion="ess"``: the U-statistic KSD² of the arm's draws thinned to about one draw per
+    effective sample (so the draws are nearly independent and KSD_U² estimates the bias part,
+    KSD² of the distribution the arm samples, without a penalty for autocorrelation), plus its
+    standard error; stochastic control-variate scores when the warmup's fit is known (a
+    gradient kernel), else full-data scores.  ``criterion="plain"``: paper 002's V-statistic
+    KSD (or FSSD, or the user's metric) of all thinned draws with full-data scores.
+    """
+
+    def __init__(self, model, model_args, model_kwargs, metric, criterion, preconditioner,
+                 score_draws, ksd_options, geometry, score_subsample, rng_key):
+        self.metric, self.criterion = metric, criterion
         self.score_draws = score_draws
         self.ksd_options = dict(ksd_options or {})
         self.postprocess = None  # set by attach() once a kernel is initialised
         self.scores = ModelScores(model, model_args, model_kwargs)
-        self.mode = self.laplace_scales = None
-        if need_laplace or (isinstance(preconditioner, str) and preconditioner == "laplace"):
-            self.mode, self.laplace_scales = self._laplace()
+        self.fit = None if geometry is None else geometry[0]
+        self.rng_key = rng_key
+        self._stochastic = None
+        if geometry is not None and criterion == "ess" and not self.scores.discrete_sites:
+            fit, mb, unravel = geometry
+            self._stochastic = mb.score_estimator(unravel, Anchor(fit.mode, fit.grad), score_subsample,
+                                                  model_args, model_kwargs)
         self.scales = self._scales(preconditioner)
+
+    @property
+    def score_kind(self) -> str:
+        """How the draws' scores are computed (stored in the result's attrs)."""
+        return "stochastic (control variates)" if self._stochastic is not None else "full data"
 
     def attach(self, kernel, model_args, model_kwargs):
         """Use ``kernel``'s ``postprocess_fn`` to constrain draws (after its ``init``)."""
         self.postprocess = jax.jit(jax.vmap(kernel.postprocess_fn(model_args, model_kwargs)))
-
-    def _laplace(self):
-        """(mode, scales) of the full-data posterior, by damped Newton from 0, else from a
-        random point in (−2, 2) (as ``init_to_uniform``) on the unconstrained space."""
-        try:
-            score_fn = self.scores.score_fn()
-        except ValueError as err:
-            raise ValueError(
-                f"the Laplace approximation (preconditioner='laplace', init_params='laplace') "
-                f"needs a model without discrete latent sites ({err}); pass an array of scales "
-                "or None, and init_params=None."
-            ) from err
-        starts = [np.zeros(self.scores.dim), np.random.default_rng(0).uniform(-2, 2, self.scores.dim)]
-        for k, start in enumerate(starts):
-            try:
-                return laplace_approximation(score_fn, start)
-            except ValueError:
-                if k == len(starts) - 1:
-                    raise
-
-    def laplace_draws(self, num, rng_key) -> list:
-        """``num`` unconstrained starting points {site: value} drawn from N(mode, diag(s²))."""
-        z = np.asarray(random.normal(rng_key, (num, self.scores.dim)), float)
-        flat = self.mode + z * self.laplace_scales
-        return [self.scores._unravel(jnp.asarray(f, jnp.result_type(float))) for f in flat]
 
     def _scales(self, preconditioner):
         if preconditioner is None:
             return None
         if isinstance(preconditioner, str):
             if preconditioner == "laplace":
-                return self.laplace_scales
+                if self.fit is None:
+                    raise ValueError(
+                        "preconditioner='laplace' uses the warmup's Laplace scales, which only the "
+                        "gradient kernels (SGLD, SGBD, …) on models without discrete latent sites "
+                        "have; pass an array of per-coordinate scales or None."
+                    )
+                return self.fit.scales
             raise ValueError(
                 f"preconditioner must be 'laplace', an array of per-coordinate scales or None; "
                 f"got {preconditioner!r}. ('sd' would scale every arm by its own sd, and "
@@ -421,30 +473,87 @@ class _Scorer:
             out.append(jax.tree.map(lambda v: np.asarray(v)[:n], self.postprocess(block)))
         return jax.tree.map(lambda *v: np.concatenate(v), *out)
 
-    def unconstrained(self, z_draws):
-        """(x (T, dim), discrete {site: (T, …)}) from kernel states: no constrain round trip."""
+    def coordinates(self, z_draws):
+        """(x (T, dim), discrete {site: (T, …)}) of kernel states (T, …): the states' own
+        unconstrained values for a model without discrete sites; otherwise the output draws
+        (``postprocess_fn``: e.g. fresh spike values for excluded coefficients) unconstrained."""
         T = jax.tree.leaves(z_draws)[0].shape[0]
-        x = np.concatenate(
-            [np.asarray(z_draws[n], float).reshape(T, -1) for n in self.scores.continuous_sites], axis=1
-        )
-        discrete = {n: np.asarray(z_draws[n]) for n in self.scores.discrete_sites}
-        return x, discrete
+        if not self.scores.discrete_sites:
+            x = np.concatenate(
+                [np.asarray(z_draws[n], float).reshape(T, -1) for n in self.scores.continuous_sites], axis=1
+            )
+            return x, {}
+        continuous, discrete = self.scores.split(self.constrained(z_draws))
+        return self.scores.unconstrain({**continuous, **discrete}), discrete
 
-    def score(self, z_draws) -> float:
-        """Score (lower is better) of an arm's thinned draws, at most ``score_draws`` of them."""
-        keep = _even(jax.tree.leaves(z_draws)[0].shape[0], self.score_draws)
-        z_draws = jax.tree.map(lambda v: np.asarray(v)[keep], z_draws)
+    def _score_points(self, x, discrete):
+        if self._stochastic is not None:
+            # one compiled shape: pad to score_draws (or the next power of two) rows
+            T = x.shape[0]
+            rows = self.score_draws or 1 << max(T - 1, 1).bit_length()
+            padded = np.pad(x, [(0, max(rows - T, 0)), (0, 0)], mode="edge")
+            self.rng_key, key = random.split(self.rng_key)
+            return np.asarray(self._stochastic(jnp.asarray(padded, jnp.result_type(float)), key), float)[:T]
+        return self.scores.score(x, discrete)
+
+    def score(self, pieces) -> dict:
+        """Score an arm from its draws: a list of kernel-state dicts {site: (chains, draws, …)}.
+
+        Returns ``score`` (the ranking key), ``ksd`` (the reported KSD: signed √KSD_U² for
+        ``criterion="ess"``), ``se`` (its standard error, in KSD² units), ``ess``, ``mixed``
+        and ``stein`` ((x, scores) of the scored draws, for the result).
+        """
+        if self.criterion == "plain":
+            return self._score_plain(pieces)
+        flat, ess = [], 0.0
+        for z in pieces:
+            c, n = jax.tree.leaves(z)[0].shape[:2]
+            x, discrete = self.coordinates(jax.tree.map(lambda v: np.asarray(v).reshape((c * n,) + v.shape[2:]), z))
+            if not np.all(np.isfinite(x)):
+                return _unscored(diverged=True)
+            e = bulk_ess(x.reshape(c, n, -1), quantile=0.5) if n >= 8 else 0.0
+            ess += e
+            lag = max(int(round(c * n / max(e, 1.0))), 1)  # one kept draw per effective draw
+            keep = (np.arange(c)[:, None] * n + np.arange(0, n, lag)[None, :]).reshape(-1)
+            flat.append((x[keep], {k: v[keep] for k, v in discrete.items()}))
+        x = np.concatenate([f[0] for f in flat])
+        discrete = {k: np.concatenate([f[1][k] for f in flat]) for k in self.scores.discrete_sites}
+        keep = _even(x.shape[0], self.score_draws)
+        x, discrete = x[keep], {k: v[keep] for k, v in discrete.items()}
+        if x.shape[0] < 2:
+            return {**_unscored(), "ess": ess}
+        s = self._score_points(x, discrete)
+        if not np.all(np.isfinite(s)):
+            return _unscored(diverged=True)
+        options = {k: v for k, v in self.ksd_options.items() if k in ("c", "beta")}
+        u, se = ksd_u_statistic(x, s, preconditioner=self.scales, **options)
+        return {"score": u + se, "ksd": float(signed_sqrt(u)), "se": se, "ess": ess,
+                "mixed": ess >= MIN_ESS, "diverged": False, "stein": (x, s)}
+
+    def _score_plain(self, pieces) -> dict:
+        z = jax.tree.map(lambda *v: np.concatenate([np.asarray(b).reshape((-1,) + b.shape[2:]) for b in v]), *pieces)
+        keep = _even(jax.tree.leaves(z)[0].shape[0], self.score_draws)
+        z = jax.tree.map(lambda v: v[keep], z)
         if callable(self.metric):
-            return float(self.metric(self.constrained(z_draws)))
-        x, discrete = self.unconstrained(z_draws)
+            value = float(self.metric(self.constrained(z)))
+            return {"score": value, "ksd": np.nan, "se": np.nan, "ess": np.nan, "mixed": True,
+                    "diverged": False, "stein": None}
+        x, discrete = self.coordinates(z)
         if not np.all(np.isfinite(x)):
-            return math.inf
+            return _unscored(diverged=True)
         s = self.scores.score(x, discrete)
         if not np.all(np.isfinite(s)):
-            return math.inf
-        if self.metric == "fssd":
-            return float(fssd(x, scores=s, preconditioner=self.scales, **self.ksd_options))
-        return float(ksd(x, scores=s, preconditioner=self.scales, **self.ksd_options))
+            return _unscored(diverged=True)
+        fn = fssd if self.metric == "fssd" else ksd
+        value = float(fn(x, scores=s, preconditioner=self.scales, **self.ksd_options))
+        return {"score": value, "ksd": value if self.metric == "ksd" else np.nan, "se": np.nan,
+                "ess": np.nan, "mixed": True, "diverged": False, "stein": (x, s)}
+
+
+def _unscored(diverged: bool = False) -> dict:
+    """The score of a diverged arm (non-finite draws or scores), or of one without draws to score."""
+    return {"score": math.inf, "ksd": math.inf, "se": np.nan, "ess": 0.0, "mixed": False,
+            "diverged": diverged, "stein": None}
 
 
 def _even(num: int, at_most: int | None) -> np.ndarray:
@@ -456,12 +565,18 @@ def _even(num: int, at_most: int | None) -> np.ndarray:
 # -------------------------------------------------------------------------------------------
 # the tuners
 # -------------------------------------------------------------------------------------------
-def _check_common(grid, eta, metric, time_budget, thin, score_draws):
+def _check_common(grid, eta, metric, criterion, time_budget, thin, score_draws):
     arms = grid_arms(grid)
     if not (isinstance(eta, (int, np.integer)) and not isinstance(eta, bool) and eta >= 2):
         raise ValueError(f"eta must be an integer ≥ 2, got {eta!r}.")
     if not (callable(metric) or metric in _METRICS):
         raise ValueError(f"metric must be 'ksd', 'fssd' or a callable(samples) -> float; got {metric!r}.")
+    if criterion not in _CRITERIA:
+        raise ValueError(f"criterion must be one of {_CRITERIA}, got {criterion!r}.")
+    if criterion == "ess" and metric != "ksd":
+        raise ValueError(
+            f"criterion='ess' scores arms by KSD; metric={metric!r} needs criterion='plain'."
+        )
     if not (np.isfinite(time_budget) and time_budget > 0):
         raise ValueError(f"time_budget must be a positive number of seconds, got {time_budget!r}.")
     if isinstance(thin, bool) or not isinstance(thin, (int, np.integer)) or thin < 1:
@@ -471,83 +586,127 @@ def _check_common(grid, eta, metric, time_budget, thin, score_draws):
     return arms
 
 
-def _tune(make_kernel, grid, *, model_args, model_kwargs, time_budget, eta, metric, thin,
-          rng_key, preconditioner, score_draws, ksd_options, init_params, vectorize, halving):
+def _shared_geometry(probe, model, model_args, model_kwargs):
+    """The warmup's ``(ModeFit, Minibatcher, unravel)`` shared by every arm of a gradient
+    kernel on a model without discrete latent sites; ``None`` otherwise."""
+    if not isinstance(probe, GradientKernel):
+        return None
+    return fit_model_mode(model, model_args, model_kwargs, probe.warmup_options)
+
+
+def _starts(init_params, geometry, num_arms, rng_key):
+    """Where the arms start: one Laplace draw θ̂ + L·ξ each (``"laplace"`` with a fit), each
+    kernel's own init (``None``, or ``"laplace"`` without a fit), or the user's dict."""
+    if isinstance(init_params, str):
+        if init_params != "laplace":
+            raise ValueError(f"init_params must be 'laplace', None or a dict of site values; got {init_params!r}.")
+        if geometry is None:
+            return None
+        fit, _, unravel = geometry
+        starts = starting_points(None, fit, random.split(rng_key, num_arms), True, unravel)
+        return [jax.tree.map(lambda v: v[i], starts) for i in range(num_arms)]
+    return init_params
+
+
+def _tune(make_kernel, grid, *, model_args, model_kwargs, time_budget, eta, metric, criterion,
+          thin, rng_key, preconditioner, score_draws, score_subsample, ksd_options, init_params,
+          vectorize, halving):
     start_all = time.perf_counter()
-    arms = _check_common(grid, eta, metric, time_budget, thin, score_draws)
+    deadline = start_all + time_budget
+    arms = _check_common(grid, eta, metric, criterion, time_budget, thin, score_draws)
     model_args = tuple(model_args)
     model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
     if rng_key is None:
         raise ValueError("rng_key is required: pass a jax.random.PRNGKey.")
     M = len(arms)
     num_rounds = max(int(math.floor(math.log(M) / math.log(eta) + 1e-9)), 1) if halving else 1
-
-    laplace_init = isinstance(init_params, str)
-    if laplace_init and init_params != "laplace":
-        raise ValueError(f"init_params must be None, 'laplace' or a dict of site values; got {init_params!r}.")
-    try:
-        probe = make_kernel(**arms[0])
-    except TypeError as err:
-        raise ValueError(
-            f"make_kernel(**{arms[0]}) failed: {err}. Every grid keyword must be an argument of "
-            "the kernel factory (e.g. step_size, subsample_size, variant)."
-        ) from err
-    model = getattr(probe, "model", None)
-    if model is None:
-        raise TypeError(f"make_kernel must return a numpyro_sg kernel; got {type(probe).__name__}.")
-    key_batches, key_init = random.split(rng_key)
-    scorer = _Scorer(model, model_args, model_kwargs, metric, preconditioner, score_draws,
-                     ksd_options, need_laplace=laplace_init)
-    if laplace_init:
-        init_params = scorer.laplace_draws(M, key_init)
-    batches = _make_batches(make_kernel, arms, vectorize, key_batches, init_params, model_args,
+    if halving and num_rounds == 1 and M > 1:
+        warnings.warn(
+            f"MAMBA with {M} arms and eta = {eta} runs ⌊log_η M⌋ = 1 round: every arm gets the "
+            "whole budget's share once and the best wins, i.e. a grid search. Give at least "
+            f"eta² = {eta * eta} arms (or a smaller eta) for successive halving.",
+            UserWarning, stacklevel=3,
+        )
+    (probe,) = _make_kernels(make_kernel, arms[:1], None)
+    model = probe.model
+    key_batches, key_init, key_score = random.split(rng_key, 3)
+    geometry = _shared_geometry(probe, model, model_args, model_kwargs)
+    scorer = _Scorer(model, model_args, model_kwargs, metric, criterion, preconditioner,
+                     score_draws, ksd_options, geometry, score_subsample, key_score)
+    kernels = _make_kernels(make_kernel, arms, None if geometry is None else geometry[0])
+    init_params = _starts(init_params, geometry, M, key_init)
+    batches = _make_batches(kernels, arms, vectorize, key_batches, init_params, model_args,
                             model_kwargs, thin)
     batch_arms = [list(b.arm_ids) for b in batches]
     scorer.attach(batches[0].kernel, model_args, model_kwargs)
-
     overhead = {"setup": time.perf_counter() - start_all, "compile": 0.0, "score": 0.0}
-    draws: dict[int, list] = {i: [] for i in range(M)}
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        list(pool.map(_Batch.compile, [b.lower() for b in batches]))
+    # the first scoring compiles the scorer and the output transform: time them on the
+    # initial states (a throw-away score) — an upper bound of one arm's scoring later
+    t1 = time.perf_counter()
+    dummy = jax.tree.map(lambda v: np.repeat(np.asarray(v)[:1, None], 8, axis=1), batches[0].state.z)
+    scorer.score([dummy])
+    score_seconds = time.perf_counter() - t1  # per arm-scoring, updated as rounds are scored
+    t1 = time.perf_counter()
+    scorer.constrained(jax.tree.map(lambda v: v[0], dummy))
+    result_seconds = time.perf_counter() - t1 + 0.5  # + the KSD of the winner's draws
+    overhead["compile"] = time.perf_counter() - t0
+    setup_end = time.perf_counter()
+    if deadline - setup_end < 0.25 * time_budget:
+        warnings.warn(
+            f"time_budget = {time_budget:g} s, but set-up (the warmup's mode search and "
+            f"compilation) took {setup_end - start_all:.1f} s: the arms get little or no chain "
+            "time and the call overruns. Raise time_budget.",
+            UserWarning, stacklevel=3,
+        )
+
+    pieces: dict[int, list] = {i: [] for i in range(M)}  # kernel states {site: (chains, draws, …)}
     charged = np.zeros(M)
     alive = list(range(M))
-    rows = []
-    scores = {}
+    rows, results = [], {}
     for rnd in range(num_rounds):
         live = [b for b in batches if any(a in alive for a in b.arm_ids)]
-        for batch in live:  # once per batch: pruning keeps the compiled shape
-            if batch._compiled is None:
-                overhead["compile"] += batch.compile()
-        # chain seconds per arm this round: r_i = T/(|S_i|·⌊log_η M⌋) (grid search: T each)
-        share = time_budget / (len(alive) * num_rounds) if halving else time_budget
+        # the wall time left, less the scoring still to come, split over the rounds left as
+        # Algorithm 1 splits T: r_i = (chain time of the round)/|S_i| per arm
+        to_score = sum(max(len(alive) // eta ** j, 1) for j in range(num_rounds - rnd)) if halving else M
+        chain_left = deadline - time.perf_counter() - 1.2 * score_seconds * to_score - result_seconds
+        share = max(chain_left, 0.0) / ((num_rounds - rnd) * len(alive))
         iters_this_round = {}
         for batch in live:
-            iters, wall, new = batch.run(share * len(batch.arm_ids))
+            iters, wall, new = batch.run(share * len(batch.arm_ids), min_iterations=50 * thin)
             for arm in batch.arm_ids:
-                iters_this_round[arm] = iters * int(np.sum(batch.owner == arm))
+                mine = np.flatnonzero(batch.owner == arm)
+                iters_this_round[arm] = iters * len(mine)
                 charged[arm] += wall / len(batch.arm_ids)
                 if new is not None:
-                    mine = np.flatnonzero(batch.owner == arm)
-                    draws[arm].append(jax.tree.map(
-                        lambda v: v[mine].reshape((-1,) + v.shape[2:]), new))
+                    z = jax.tree.map(lambda v: v[mine], new)
+                    if rnd == 0:  # the first half of each chain's first round: burn-in
+                        n = jax.tree.leaves(z)[0].shape[1]
+                        z = jax.tree.map(lambda v: v[:, n // 2:], z)
+                    pieces[arm].append(z)
         t0 = time.perf_counter()
         for batch in live:
             for arm in batch.arm_ids:
-                if batch.diverged(arm) or not draws[arm]:
-                    scores[arm] = math.inf
+                if batch.diverged(arm) or not pieces[arm]:
+                    results[arm] = _unscored(diverged=batch.diverged(arm))
                 else:
-                    z = jax.tree.map(lambda *v: np.concatenate(v), *draws[arm])
-                    scores[arm] = scorer.score(z)
-        overhead["score"] += time.perf_counter() - t0
-        order = sorted(alive, key=lambda a: (scores[a], a))
-        survivors = order[: max(len(alive) // eta, 1)] if halving else order
+                    results[arm] = scorer.score(pieces[arm])
+        elapsed_scoring = time.perf_counter() - t0
+        overhead["score"] += elapsed_scoring
+        score_seconds = elapsed_scoring / max(len(alive), 1)
+        order = sorted(alive, key=lambda a: (results[a]["score"], a))
+        survivors = order[: max(len(alive) // eta, 1)] if halving else order[:1]
         for arm in alive:
+            r = results[arm]
             rows.append({
                 "round": rnd, "arm": arm, **arms[arm],
                 "iterations": iters_this_round.get(arm, 0),
-                "draws": int(sum(jax.tree.leaves(d)[0].shape[0] for d in draws[arm])),
-                "seconds": charged[arm] - sum(r["seconds"] for r in rows if r["arm"] == arm),
-                "score": scores[arm],
-                "diverged": bool(np.isinf(scores[arm])),
-                "kept": arm in survivors,
+                "draws": int(sum(np.prod(jax.tree.leaves(z)[0].shape[:2]) for z in pieces[arm])),
+                "seconds": charged[arm] - sum(x["seconds"] for x in rows if x["arm"] == arm),
+                "ess": r["ess"], "ksd": r["ksd"], "se": r["se"], "score": r["score"],
+                "mixed": r["mixed"], "diverged": r["diverged"], "kept": arm in survivors,
             })
         alive = survivors
         fork_keys = random.split(random.fold_in(rng_key, rnd + 1), len(live))
@@ -556,71 +715,91 @@ def _tune(make_kernel, grid, *, model_args, model_kwargs, time_budget, eta, metr
             if members and members != batch.arm_ids:
                 batch.keep(members, key)
         batches = [b for b in batches if any(a in alive for a in b.arm_ids)]
-    best = min(alive, key=lambda a: (scores[a], a))
-    if not draws[best] or math.isinf(scores[best]):
+    best = alive[0]
+    if not pieces[best] or math.isinf(results[best]["score"]):
         raise RuntimeError(
             "every arm diverged or produced no draws within the budget; widen the grid towards "
             "smaller step sizes or raise time_budget."
         )
     t0 = time.perf_counter()
-    idata = _arm_idata(scorer, draws[best], charged[best], metric)
+    idata = _arm_idata(scorer, pieces[best], results[best]["stein"], charged[best], metric, criterion)
     overhead["result"] = time.perf_counter() - t0
     return TuningResult(
         best_params=dict(arms[best]), idata=idata, rounds=pd.DataFrame(rows),
         elapsed=time.perf_counter() - start_all, scales=scorer.scales, arms=arms,
-        overhead=overhead, batches=batch_arms,
+        overhead=overhead, batches=batch_arms, eta=eta if halving else None, num_rounds=num_rounds,
+        criterion=criterion, time_budget=float(time_budget), make_kernel=make_kernel,
+        mode_fit=scorer.fit,
     )
 
 
-def _arm_idata(scorer: _Scorer, pieces, seconds, metric):
-    """InferenceData of one arm's thinned draws, with KSD on the common scale."""
+def _arm_idata(scorer: _Scorer, pieces, stein, seconds, metric, criterion):
+    """InferenceData of one arm's thinned draws (its chains pooled into one) and the KSD of
+    the draws it was scored on, on the common scale."""
     import arviz as az
 
-    z = jax.tree.map(lambda *v: np.concatenate(v), *pieces)
+    z = jax.tree.map(lambda *v: np.concatenate([np.asarray(b).reshape((-1,) + b.shape[2:]) for b in v]), *pieces)
     samples = scorer.constrained(z)
     idata = az.from_dict(posterior={k: v[None] for k, v in samples.items()})
     idata.posterior.attrs["sampling_time"] = float(seconds)
     _cast_discrete(idata, scorer.scores.discrete_sites)
-    stein = stein_dataset({k: v[None] for k, v in samples.items()}, scorer.scores, scorer.score_draws)
-    options = {k: v for k, v in scorer.ksd_options.items() if k in ("c", "beta", "statistic", "block_size")}
-    precond = "array" if scorer.scales is not None else None
-    _attach_ksd(idata, stein, scorer.scales, precond, options)
-    idata.sample_stats.attrs["ksd_preconditioner"] = (
-        "common (tuner)" if scorer.scales is not None else _preconditioner_name(None)
-    )
-    idata.sample_stats.attrs["tuning_metric"] = metric if isinstance(metric, str) else "callable"
+    if stein is not None:
+        x, s = stein
+        dims = ("chain", "draw", "coordinate")
+        stein_ds = xr.Dataset(
+            {"unconstrained": (dims, x[None]), "score": (dims, s[None])},
+            coords={"chain": [0], "draw": np.arange(x.shape[0]), "coordinate": scorer.scores.coordinate_names,
+                    "site": ("coordinate", scorer.scores.coordinate_sites)},
+        )
+        options = {k: v for k, v in scorer.ksd_options.items() if k in ("c", "beta", "statistic", "block_size")}
+        _attach_ksd(idata, stein_ds, scorer.scales, "array" if scorer.scales is not None else None, options)
+        idata.sample_stats.attrs["ksd_preconditioner"] = (
+            "common (tuner)" if scorer.scales is not None else _preconditioner_name(None)
+        )
+        idata.sample_stats.attrs["ksd_scores"] = scorer.score_kind
+    idata.posterior.attrs["tuning_metric"] = metric if isinstance(metric, str) else "callable"
+    idata.posterior.attrs["tuning_criterion"] = criterion
     return idata
 
 
 _DOC_ARGS = """
     :param make_kernel: a callable returning a ``numpyro_sg`` kernel for keyword arguments
-        (the grid's), e.g. ``lambda **kw: nsg.SGLD(model, **kw)`` or
-        ``functools.partial(nsg.SGBD, model)``.
+        (the grid's), e.g. ``functools.partial(nsg.SGLD, model)``.
     :param dict grid: ``{keyword: list of values}``; the arms are the Cartesian product
-        (e.g. ``{"step_size": [1e-3, 1e-4], "subsample_size": [1000, 100]}``).
+        (e.g. ``{"step_size": [3.0, 1.0, 0.3, 0.1], "subsample_size": [1000, 100]}``).
     :param model_args: the model's positional arguments (the data).
     :param model_kwargs: the model's keyword arguments.
-    :param float time_budget: chain seconds: in :func:`mamba` the total over all arms and
-        rounds (the paper's T), in :func:`grid_search` per arm.  Set-up, compilation and
-        scoring come on top (see :attr:`TuningResult.overhead`).
+    :param float time_budget: the wall time of the whole call in seconds: the warmup's mode
+        search, set-up, compilation, chains and scoring (the breakdown is in
+        :attr:`TuningResult.overhead`).  Set-up comes first; the time left, less the
+        predicted scoring, goes to the chains (split as Algorithm 1 splits T in
+        :func:`mamba`, equally in :func:`grid_search`).
     :param metric: ``"ksd"`` (default), ``"fssd"``, or a callable ``f(samples) -> float``
         (lower is better) given the constrained thinned draws ``{site: (T, …)}`` — e.g. a
-        held-out log-loss.
+        held-out log-loss (``"fssd"`` and callables need ``criterion="plain"``).
+    :param str criterion: ``"ess"`` (default): KSD_U² of each arm's draws thinned to one per
+        effective sample, plus its standard error — an estimate of the arm's bias that does
+        not punish slow mixing, where an arm with few effective draws pays through its
+        standard error; ``"plain"``: paper 002's KSD (V-statistic, full-data scores) of all thinned
+        draws, which at short budgets ranks fast-mixing biased arms first.
     :param int thin: keep every ``thin``-th iteration (paper 002 thins by 10).
     :param rng_key: ``jax.random.PRNGKey`` (required).
     :param preconditioner: the one common KSD/FSSD scale for every arm: ``"laplace"``
-        (default: √diag((−H)⁻¹) at the mode of the full-data posterior, found by damped
-        Newton from 0 on the unconstrained space), an array of per-coordinate scales, or
-        ``None`` (the papers' raw form).
-    :param score_draws: each arm is scored on at most this many evenly spaced thinned draws
-        (default 500; ``None`` for all). Each costs one full-data gradient per draw.
+        (default: the warmup's Laplace sds at the mode of the full-data posterior), an array
+        of per-coordinate scales, or ``None`` (the papers' raw form).  Models with discrete
+        latent sites (ESGLD, SparseAsync) have no Laplace fit: give an array or ``None``.
+    :param score_draws: each arm is scored on at most this many draws (default 500).
+    :param int score_subsample: with ``criterion="ess"`` a gradient kernel's draws are scored
+        with stochastic control-variate scores (the stochastic Stein discrepancy), each on its
+        own mini-batch of this many rows per plate (default 1,000; exact when N is smaller);
+        otherwise scores use the full data.
     :param dict ksd_options: options of :func:`numpyro_sg.ksd` (``c``, ``beta``, …) or of
         :func:`numpyro_sg.fssd`.
-    :param init_params: where the chains start: ``None`` (default: each kernel's
-        ``init_strategy``), ``"laplace"`` (each arm from its own draw of the Laplace
-        approximation N(mode, diag(s²)) of the full-data posterior on the unconstrained space —
-        near the posterior, so short rounds compare the arms' stationary behaviour rather than
-        how fast they leave a poor start; paper 002 starts its samplers near the MAP), or a
+    :param init_params: where the chains start: ``"laplace"`` (default: as the warmup starts
+        chains, each arm at its own draw θ̂ + L·ξ of the Laplace approximation at the mode,
+        found once and shared by every arm together with the preconditioner and the
+        control-variate anchor; kernels without a warmup — ESGLD, SparseAsync — start at their
+        own init), ``None`` (each kernel's own init: its ``init_strategy`` if given), or a
         dict of unconstrained site values for every arm.
     :param bool vectorize: run arms that differ only in hyperparameters the kernel holds in its
         state (``kernel.HYPERPARAMETERS``, e.g. ``step_size``, ``temperature``) as one vmapped
@@ -639,17 +818,19 @@ def _shared_parameters(fn):
 
 @_shared_parameters
 def mamba(make_kernel: Callable, grid: dict, model_args=(), model_kwargs=None, *,
-          time_budget: float = 30.0, eta: int = 3, metric="ksd", thin: int = 10, rng_key=None,
-          preconditioner="laplace", score_draws: int | None = 500, ksd_options: dict | None = None,
-          init_params=None, vectorize: bool = True) -> TuningResult:
-    """MAMBA: successive halving over a grid of kernel hyperparameters, scored by KSD/FSSD.
+          time_budget: float = 30.0, eta: int = 3, metric="ksd", criterion: str = "ess",
+          thin: int = 10, rng_key=None, preconditioner="laplace", score_draws: int | None = 500,
+          score_subsample: int = 1000, ksd_options: dict | None = None, init_params="laplace",
+          vectorize: bool = True) -> TuningResult:
+    """MAMBA: successive halving over a grid of kernel hyperparameters, scored by KSD.
 
     Paper 002, Algorithm 1: for i = 0 … ⌊log_η M⌋ − 1 every surviving arm runs
-    r_i = T/(|S_i|·⌊log_η M⌋) more seconds of chain time continuing its chain, is scored on
-    its thinned draws with full-data scores and one common scale, and the ⌊|S_i|/η⌋ best
-    survive (see the module docstring for vectorised arms and the overheads).  Step sizes
-    follow each kernel's own convention (SGLD: θ' = θ + (ε/2)·M·ĝ + N(0, ε·M), M its
-    preconditioner; paper 002's h is ε with M = I).
+    r_i = T_chains/(|S_i|·⌊log_η M⌋) more seconds of chain time continuing its chain, is
+    scored on its draws with one common scale, and the ⌊|S_i|/η⌋ best survive (see the module
+    docstring).  A grid of fewer than η² arms gives one round — a grid search — and a warning.
+    Step sizes follow each kernel's own convention (SGLD: θ' = θ + (ε/2)·M·ĝ + N(0, ε·M), M
+    its preconditioner: by default the Laplace covariance, so ε is in posterior sds²; with
+    ``preconditioner=None`` ε is paper 002's h).
 
     :param int eta: pruning rate η ≥ 2 (default 3).
 
@@ -657,20 +838,22 @@ def mamba(make_kernel: Callable, grid: dict, model_args=(), model_kwargs=None, *
 
     .. code-block:: python
 
-        res = nsg.mamba(functools.partial(nsg.SGLD, model, preconditioner=None, gradient="plain"),
-                        {"step_size": [1e-4, 1e-5, 1e-6], "subsample_size": [10_000, 1_000]},
-                        (X, y), time_budget=60, rng_key=jax.random.PRNGKey(0))
+        res = nsg.mamba(functools.partial(nsg.SGLD, model),
+                        {"step_size": [10.0, 1.0, 0.1, 0.01], "subsample_size": [10_000, 1_000, 100]},
+                        (X, y), time_budget=20, rng_key=jax.random.PRNGKey(0))
         res.best_params, res.rounds, res.idata
+        MCMC(res.best_kernel(), num_warmup=500, num_samples=5000).run(key, X, y)
     """
     return _tune(**locals(), halving=True)
 
 
 @_shared_parameters
 def grid_search(make_kernel: Callable, grid: dict, model_args=(), model_kwargs=None, *,
-                time_budget: float = 30.0, metric="ksd", thin: int = 10, rng_key=None,
-                preconditioner="laplace", score_draws: int | None = 500,
-                ksd_options: dict | None = None, init_params=None, vectorize: bool = True) -> TuningResult:
-    """Grid search: every arm runs for ``time_budget`` seconds and the lowest score wins.
+                time_budget: float = 30.0, metric="ksd", criterion: str = "ess", thin: int = 10,
+                rng_key=None, preconditioner="laplace", score_draws: int | None = 500,
+                score_subsample: int = 1000, ksd_options: dict | None = None,
+                init_params="laplace", vectorize: bool = True) -> TuningResult:
+    """Grid search: every arm runs for an equal share of ``time_budget`` and the best score wins.
 
     Same interface and scoring as :func:`mamba` (one round, no pruning); with
     ``vectorize=True`` arms differing only in state hyperparameters share a batch and
@@ -681,6 +864,6 @@ def grid_search(make_kernel: Callable, grid: dict, model_args=(), model_kwargs=N
     .. code-block:: python
 
         res = nsg.grid_search(functools.partial(nsg.SGLD, model), {"step_size": [0.2, 0.5, 1.0]},
-                              (X, y), time_budget=5, rng_key=jax.random.PRNGKey(0))
+                              (X, y), time_budget=10, rng_key=jax.random.PRNGKey(0))
     """
     return _tune(**locals(), eta=3, halving=False)

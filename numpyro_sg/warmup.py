@@ -40,11 +40,13 @@ from jax import random
 from jax.flatten_util import ravel_pytree
 
 from numpyro_sg.laplace import damped_newton_step
-from numpyro_sg.minibatch import Minibatcher, draw_with_replacement, jit_with_data
-from numpyro_sg.model_info import ModelInfo
+from numpyro.infer import init_to_uniform
+
+from numpyro_sg.minibatch import Minibatcher, draw_with_replacement, jit_with_data, subsample_plates
+from numpyro_sg.model_info import ModelInfo, trace_model
 from numpyro_sg.preconditioner import Preconditioner, from_working
 
-__all__ = ["WarmupOptions", "ModeFit", "find_mode", "starting_points", "laplace_preconditioner"]
+__all__ = ["WarmupOptions", "ModeFit", "find_mode", "fit_model_mode", "starting_points", "laplace_preconditioner"]
 
 
 @dataclass(frozen=True)
@@ -295,6 +297,21 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
         preconditioner=precond, converged=converged, newton_steps=taken,
         seconds=time.perf_counter() - start_time,
     )
+
+
+def fit_model_mode(model, model_args=(), model_kwargs=None, options: WarmupOptions | None = None):
+    """The warmup of a model on its data without a kernel: ``(ModeFit, Minibatcher, unravel)``.
+
+    What a gradient kernel's ``init`` runs (:func:`find_mode` on the model's subsample
+    plates), for callers that share one fit among many kernels (the tuners' arms) and need
+    the model's :class:`~numpyro_sg.minibatch.Minibatcher` and flat → params ``unravel``.
+    """
+    info = trace_model(model, model_args, model_kwargs, init_strategy=init_to_uniform,
+                       rng_key=random.PRNGKey(0))
+    plates = subsample_plates(info, None, model_args=model_args, model_kwargs=model_kwargs)
+    mb = Minibatcher(model, plates)
+    _, unravel = ravel_pytree(info.unconstrained_example())
+    return find_mode(mb, info, unravel, model_args, model_kwargs, options), mb, unravel
 
 
 def starting_points(init_params, fit: ModeFit | None, rng_key, batched, unravel, jitter: float = 1.0):

@@ -1,22 +1,31 @@
-"""MAMBA, grid search and the 1/N heuristic (paper 002 §3, Algorithm 1; SPEC §8).
+"""MAMBA, grid search and the 1/N heuristic (paper 002 §3, Algorithm 1; SPEC §8; issue 14).
 
-A conjugate linear regression (N = 1,000, d = 2, noise sd 1, prior N(0, 2²); posterior sd
-≈ 0.03) with SGLD on mini-batches of 100.  The planted grid has one good step size; the
-others either barely move from the start (ε = 1e-9, 1e-10: the chain stays where
-``init_to_uniform`` put it, KSD ≫ 1) or diverge (ε = 0.5, 1: ε·λ_max ≈ 500 ≫ 2).
+A conjugate linear regression (N = 1,000, d = 3, noise sd 1, prior N(0, 2²); posterior sd
+≈ 0.03) with SGLD.  With absolute step sizes (``preconditioner=None``) the planted grid has
+one good step size; the others either barely move (ε = 1e-10, 1e-9: the chain stays at its
+Laplace start, few effective draws) or diverge (ε = 0.5, 1: ε·λ_max ≈ 500 ≫ 2).
+
+``time_budget`` is the wall time of the whole call, and set-up (mode search, compilation)
+takes a few seconds of it even for this small model, so the budgets here are ~10 s.
 """
 
 import functools
+import warnings
 
 import jax
 import numpy as np
 import pytest
 from conftest import CLASSIC, linear_model, linear_posterior
+from numpyro.infer import MCMC
 
 import numpyro_sg as nsg
+from numpyro_sg.tuning import _Scorer
+from numpyro_sg.warmup import fit_model_mode
 
 GOOD = 2e-4  # ε·λ_max ≈ 0.2: stable, mixes in ~100 iterations, sd inflation ≈ 5%
 PLANTED = [1e-10, 1e-9, GOOD, 0.5, 1.0]
+ABSOLUTE = dict(preconditioner=None, gradient="plain")  # paper 002's SGLD, started at the mode
+KEY = jax.random.PRNGKey(0)
 
 
 @pytest.fixture(scope="module")
@@ -24,11 +33,14 @@ def data(linear_data):
     return linear_data
 
 
-KEY = jax.random.PRNGKey(0)
+@pytest.fixture(scope="module")
+def geometry(data):
+    """The warmup's (ModeFit, Minibatcher, unravel) of the linear model, as the tuners share it."""
+    return fit_model_mode(linear_model, data)
 
 
 def make_sgld(**kw):
-    return nsg.SGLD(linear_model, **CLASSIC, **kw)
+    return nsg.SGLD(linear_model, **ABSOLUTE, **kw)
 
 
 def test_heuristic_step_size():
@@ -37,108 +49,147 @@ def test_heuristic_step_size():
         nsg.heuristic_step_size(0)
 
 
-def test_mamba_finds_planted_arm_and_respects_budget(data):
+def _gaussian_chain(rng, mean, chol, n, rho=0.0, inflate=1.0):
+    """n draws of a stationary AR(ρ) chain with marginal N(mean, inflate²·Σ), Σ = chol·cholᵀ."""
+    z = np.empty((n, len(mean)))
+    z[0] = rng.normal(size=len(mean))
+    for t in range(1, n):
+        z[t] = rho * z[t - 1] + np.sqrt(1 - rho**2) * rng.normal(size=len(mean))
+    return mean + inflate * z @ chol.T
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_criterion_tracks_bias_not_mixing(data, geometry, seed):
+    """A correct but slowly mixing chain (AR(0.98), ~20 effective draws of 2,000) against an
+    iid sample whose sd is 2.4× too large (the issue's example): the default criterion
+    (U-statistic KSD of ESS-thinned draws + its se) ranks the correct chain first, its bias
+    estimate within 3 se of 0, the biased sample's above 10 se.  (Whether paper 002's plain
+    KSD gets this wrong depends on the chain length and d — it did at d = 10 with 1,000 draws,
+    measured in docs/tuning.md — so it is not asserted.)"""
+    X, y = data
+    mean, cov = linear_posterior(X, y)
+    chol = np.linalg.cholesky(cov)
+    rng = np.random.default_rng(seed)
+    slow = _gaussian_chain(rng, mean, chol, 2000, rho=0.98)
+    biased = _gaussian_chain(rng, mean, chol, 2000, inflate=2.4)
+    scorer = _Scorer(linear_model, (X, y), {}, "ksd", "ess", "laplace", 500, None, geometry,
+                     1000, KEY)
+    good, bad = (scorer.score([{"theta": chain[None]}]) for chain in (slow, biased))
+    assert good["score"] < bad["score"]
+    assert abs(good["ksd"] ** 2) < 3 * good["se"]
+    assert bad["ksd"] ** 2 > 10 * bad["se"]
+    assert good["ess"] < 100 and bad["ess"] > 1000  # AR(0.98): ≈ 2000/99
+
+
+def test_mamba_finds_planted_arm_within_budget(data):
+    X, y = data
     grid = {"step_size": PLANTED, "subsample_size": [100, 50]}  # 10 arms, 2 rounds
-    res = nsg.mamba(make_sgld, grid, data, time_budget=3.0, rng_key=jax.random.PRNGKey(1))
+    res = nsg.mamba(make_sgld, grid, data, time_budget=12.0, rng_key=jax.random.PRNGKey(1))
     print(res, res.overhead)
     print(res.rounds.to_string())
     assert res.best_params["step_size"] == GOOD
     rounds = res.rounds
     assert list(rounds.columns[:2]) == ["round", "arm"]
-    assert {"step_size", "subsample_size", "iterations", "seconds", "score", "kept"} <= set(rounds)
-    assert rounds["round"].nunique() == 2  # ⌊log_3 10⌋
+    assert {"step_size", "subsample_size", "iterations", "seconds", "ess", "ksd", "se", "score",
+            "mixed", "diverged", "kept"} <= set(rounds)
+    assert res.num_rounds == rounds["round"].nunique() == 2 and res.eta == 3  # ⌊log_3 10⌋
     assert (rounds["round"] == 0).sum() == 10 and (rounds["round"] == 1).sum() == 3
-    # diverging arms score inf, and are flagged
-    diverged = rounds[(rounds["round"] == 0) & (rounds["step_size"] >= 0.5)]
-    assert diverged["diverged"].all() and np.isinf(diverged["score"]).all()
-    # the chain time is the budget, split T/(|S_i|·rounds) per arm: within 20%
-    assert rounds["seconds"].sum() == pytest.approx(3.0, rel=0.2)
-    per_round = rounds.groupby("round")["seconds"].sum()
-    np.testing.assert_allclose(per_round, 1.5, rtol=0.25)
+    # diverging arms score inf, and are flagged; frozen arms have few effective draws
+    first = rounds[rounds["round"] == 0]
+    assert first.loc[first["step_size"] >= 0.5, "diverged"].all()
+    assert np.isinf(first.loc[first["step_size"] >= 0.5, "score"]).all()
+    assert (first.loc[first["step_size"] <= 1e-9, "ess"] < 20).all()
+    winner = rounds[(rounds["round"] == 1) & (rounds["arm"] == res.arms.index(res.best_params))]
+    assert winner["mixed"].all()
+    # the budget is the whole call's wall time: what set-up leaves goes to chains and scoring
+    # (≤ 1.3 T is the acceptance, measured in benchmarks/bench_mamba.py; on a loaded machine
+    # set-up alone can exceed this small T, so the test allows for it)
+    setup = res.overhead["setup"] + res.overhead["compile"]
+    assert res.elapsed <= max(12.0, setup) + 6.0
+    assert set(res.overhead) >= {"setup", "compile", "score", "result"}
+    assert rounds["seconds"].sum() + sum(res.overhead.values()) <= res.elapsed + 0.5
     # one vectorised batch per subsample size: step sizes share a compiled batch
     assert sorted(len(b) for b in res.batches) == [5, 5]
-    # after pruning, survivors of one batch get equal numbers of forked chains (5 slots,
-    # 2 survivors: 2 chains each, the fifth slot's draws dropped), so equal iterations
     last = rounds[rounds["round"] == 1]
-    for _, same_batch in last.groupby("subsample_size"):
+    for _, same_batch in last.groupby("subsample_size"):  # equal forks, equal iterations
         assert same_batch["iterations"].nunique() == 1
-    assert res.elapsed >= rounds["seconds"].sum()
-    assert set(res.overhead) >= {"setup", "compile", "score"}
-
-
-def test_mamba_result_is_a_usable_posterior(data):
-    X, y = data
-    res = nsg.mamba(make_sgld, {"step_size": [1e-9, GOOD, 1.0]}, data, time_budget=2.0, rng_key=KEY)
-    assert res.best_params == {"step_size": GOOD}
-    idata = res.idata
-    theta = idata.posterior["theta"].values.reshape(-1, 3)
+    # the winner's draws: a usable posterior (~ a second of SGLD from Laplace starts)
     mean, cov = linear_posterior(X, y)
-    # ~2 s of SGLD after a transient from init_to_uniform: the mean within 0.5 posterior sd
-    # (the pooled draws include the transient; measured ≤ 0.2 sd)
+    theta = res.idata.posterior["theta"].values.reshape(-1, 3)
     assert np.all(np.abs(theta.mean(0) - mean) < 0.5 * np.sqrt(np.diag(cov)))
-    stats = idata.sample_stats
+    stats = res.idata.sample_stats
     assert np.isfinite(stats.attrs["ksd"]) and stats.attrs["ksd_preconditioner"] == "common (tuner)"
-    np.testing.assert_allclose(stats.attrs["ksd_scales"], res.scales)
-    # Laplace scales of a Gaussian posterior are its marginal sds
-    np.testing.assert_allclose(res.scales, np.sqrt(np.diag(cov)), rtol=1e-3)
-    assert idata.posterior.attrs["sampling_time"] == pytest.approx(
-        res.rounds.loc[res.rounds["arm"] == 1, "seconds"].sum()
-    )
+    np.testing.assert_allclose(res.scales, np.sqrt(np.diag(cov)), rtol=0.05)  # Laplace sds
 
 
-def test_laplace_start(data):
+def test_best_params_reproduce_the_tuned_accuracy_under_mcmc(data):
+    """Default SGLD (warmup, Laplace preconditioner, control variates), step sizes in posterior
+    sds² from far too large to far too small: the pick, run again with MCMC — from
+    ``best_kernel()`` (the tuner's warmup reused) and from ``make(**best_params)`` (its own
+    warmup) — has the exact posterior's means within 0.2 sd and sds within 15% (4 chains ×
+    2,000 draws: Monte Carlo error of an sd ≈ 3%, SGLD's bias at ε ≤ 1 ≤ 5%)."""
     X, y = data
+    make = functools.partial(nsg.SGLD, linear_model)
+    res = nsg.mamba(make, {"step_size": [30.0, 3.0, 1.0, 0.1, 0.01, 0.001, 1e-4, 1e-5, 1e-6]},
+                    data, time_budget=10.0, rng_key=KEY)
+    print(res.rounds.to_string())
+    assert res.best_params["step_size"] in (1.0, 0.1)
     mean, cov = linear_posterior(X, y)
     sd = np.sqrt(np.diag(cov))
-    res = nsg.mamba(make_sgld, {"step_size": PLANTED}, data, time_budget=1.0,
-                    init_params="laplace", rng_key=KEY)
-    assert res.best_params["step_size"] == GOOD
-    # the Laplace approximation of a Gaussian posterior is exact: a barely moving chain
-    # stays where it started, at a draw from the posterior (within 5 sd)
-    theta = res.idata.posterior["theta"].values.reshape(-1, 3)
-    assert np.all(np.abs(theta.mean(0) - mean) < 5 * sd)
-    with pytest.raises(ValueError, match="init_params must be"):
-        nsg.mamba(make_sgld, {"step_size": [GOOD]}, data, init_params="map", rng_key=KEY)
+    for kernel in (res.best_kernel(), make(**res.best_params)):
+        mcmc = MCMC(kernel, num_warmup=500, num_samples=2000, num_chains=4,
+                    chain_method="vectorized", progress_bar=False)
+        mcmc.run(jax.random.PRNGKey(3), X, y)
+        theta = np.asarray(mcmc.get_samples()["theta"])
+        assert np.all(np.abs(theta.mean(0) - mean) < 0.2 * sd)
+        np.testing.assert_allclose(theta.std(0), sd, rtol=0.15)
+    assert res.best_kernel().mode_fit is res.mode_fit  # no second mode search
 
 
-def test_fssd_metric_and_unvectorised_arms(data):
-    res = nsg.mamba(make_sgld, {"step_size": [1e-9, GOOD, 1.0]}, data, time_budget=1.0,
-                    metric="fssd", vectorize=False, rng_key=KEY)
-    assert res.best_params["step_size"] == GOOD
-    assert sorted(len(b) for b in res.batches) == [1] * 3
-    assert res.idata.sample_stats.attrs["tuning_metric"] == "fssd"
-
-
-def test_vectorised_batch_runs_each_arm_with_its_own_values(data):
-    # SGBD keeps σ in its state (set at init); SGLD reads ε at every step: both must be the
-    # arm's own value inside the shared batch
-    from numpyro_sg.tuning import _make_batches, grid_arms
-
-    arms = grid_arms({"step_size": [1e-3, 2e-3, 3e-3]})
-    for factory in (make_sgld, functools.partial(nsg.SGBD, linear_model, variant="vanilla", **CLASSIC)):
-        (batch,) = _make_batches(factory, arms, True, jax.random.PRNGKey(0), None, data, {}, 10)
-        batch.compile()
-        batch.run(0.05)
-        np.testing.assert_allclose(
-            np.asarray(batch.state.step_size).reshape(3, -1)[:, 0], [1e-3, 2e-3, 3e-3], rtol=1e-6
-        )
-
-
-def test_grid_search_runs_every_arm_the_budget_and_takes_a_metric(data):
+def test_one_round_warns_and_grid_search_takes_a_metric(data):
     X, y = data
-    res = nsg.grid_search(make_sgld, {"step_size": [1e-9, GOOD]}, data, time_budget=0.5, rng_key=KEY)
-    assert res.best_params["step_size"] == GOOD
-    np.testing.assert_allclose(res.rounds["seconds"], 0.5, rtol=0.25)
-    assert res.rounds["round"].nunique() == 1
+    with pytest.warns(UserWarning, match="1 round.*grid search"):
+        res = nsg.mamba(make_sgld, {"step_size": [1e-9, GOOD, 1.0]}, data, time_budget=8.0, rng_key=KEY)
+    assert res.num_rounds == 1 and res.best_params["step_size"] == GOOD
 
     def held_out_rmse(samples):  # a user metric on constrained draws: lower is better
         pred = X[:100] @ samples["theta"].mean(0)
         return float(np.sqrt(np.mean((pred - y[:100]) ** 2)))
 
-    res = nsg.grid_search(make_sgld, {"step_size": [1e-9, GOOD]}, data, time_budget=0.5,
-                          metric=held_out_rmse, rng_key=KEY)
-    assert res.best_params["step_size"] == GOOD
+    # arms from init_to_uniform (init_params=None: each kernel's own init): the frozen arm stays
+    # where it started, far from the posterior, and the metric sees it
+    classic = functools.partial(nsg.SGLD, linear_model, **CLASSIC)
+    res = nsg.grid_search(classic, {"step_size": [1e-9, GOOD]}, data, time_budget=8.0,
+                          metric=held_out_rmse, criterion="plain", init_params=None, rng_key=KEY)
+    assert res.best_params["step_size"] == GOOD and res.eta is None
+    assert res.rounds["round"].nunique() == 1 and res.rounds["kept"].sum() == 1
     assert res.rounds["score"].min() == pytest.approx(1.0, abs=0.15)  # noise sd 1
+    assert res.idata.posterior.attrs["tuning_metric"] == "callable"
+
+
+def test_fssd_metric_and_unvectorised_arms(data):
+    res = nsg.mamba(make_sgld, {"step_size": [1e-9, GOOD, 1.0]}, data, time_budget=8.0,
+                    metric="fssd", criterion="plain", vectorize=False, rng_key=KEY)
+    assert res.best_params["step_size"] == GOOD
+    assert sorted(len(b) for b in res.batches) == [1] * 3
+    assert res.idata.posterior.attrs["tuning_metric"] == "fssd"
+
+
+def test_vectorised_batch_runs_each_arm_with_its_own_values(data):
+    # SGBD keeps σ in its state (set at init); SGLD reads ε at every step: both must be the
+    # arm's own value inside the shared batch
+    from numpyro_sg.tuning import _make_batches, _make_kernels, grid_arms
+
+    arms = grid_arms({"step_size": [1e-3, 2e-3, 3e-3]})
+    for factory in (functools.partial(nsg.SGLD, linear_model, **CLASSIC),
+                    functools.partial(nsg.SGBD, linear_model, variant="vanilla", **CLASSIC)):
+        kernels = _make_kernels(factory, arms, None)
+        (batch,) = _make_batches(kernels, arms, True, jax.random.PRNGKey(0), None, data, {}, 10)
+        batch.lower().compile()
+        batch.run(0.05)
+        np.testing.assert_allclose(
+            np.asarray(batch.state.step_size).reshape(3, -1)[:, 0], [1e-3, 2e-3, 3e-3], rtol=1e-6
+        )
 
 
 def test_bad_grids_and_arguments(data):
@@ -152,12 +203,20 @@ def test_bad_grids_and_arguments(data):
         nsg.mamba(make_sgld, {"step_size": [1e-3]}, data, eta=1, rng_key=KEY)
     with pytest.raises(ValueError, match="metric"):
         nsg.mamba(make_sgld, {"step_size": [1e-3]}, data, metric="mmd", rng_key=KEY)
+    with pytest.raises(ValueError, match="criterion='plain'"):
+        nsg.mamba(make_sgld, {"step_size": [1e-3]}, data, metric="fssd", rng_key=KEY)
+    with pytest.raises(ValueError, match="criterion must be"):
+        nsg.mamba(make_sgld, {"step_size": [1e-3]}, data, criterion="bias", rng_key=KEY)
+    with pytest.raises(ValueError, match="init_params must be"):
+        nsg.mamba(make_sgld, {"step_size": [GOOD]}, data, init_params="map", rng_key=KEY)
     with pytest.raises(ValueError, match="different scales"):
         nsg.mamba(make_sgld, {"step_size": [1e-3]}, data, preconditioner="sd", rng_key=KEY)
     with pytest.raises(ValueError, match="subsample_size=5000 .* outside"):
         nsg.mamba(make_sgld, {"step_size": [1e-3], "subsample_size": [5000]}, data, rng_key=KEY)
-    with pytest.raises(RuntimeError, match="every arm diverged"):
-        nsg.mamba(make_sgld, {"step_size": [1.0, 2.0]}, data, time_budget=0.2, rng_key=KEY)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one round; a tiny budget
+        with pytest.raises(RuntimeError, match="every arm diverged"):
+            nsg.mamba(make_sgld, {"step_size": [1.0, 2.0]}, data, time_budget=0.2, rng_key=KEY)
 
 
 def test_tuning_example_runs(capsys):
@@ -166,7 +225,7 @@ def test_tuning_example_runs(capsys):
 
     script = Path(__file__).resolve().parents[1] / "examples" / "mamba_tuning.py"
     module = runpy.run_path(str(script))
-    module["main"](["--num-data", "1000", "--budget", "1.0", "--num-samples", "200", "--quick"])
+    module["main"](["--num-data", "2000", "--budget", "8", "--num-samples", "500", "--quick"])
     out = capsys.readouterr().out
     assert "MAMBA for SGLD" in out and "MAMBA for SGBD" in out and "chosen:" in out
     assert out.count("ξ(σ̂) =") == 3

@@ -25,7 +25,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-__all__ = ["ConvergenceWarning", "check_convergence", "convergence_table", "watch_runs"]
+__all__ = ["ConvergenceWarning", "check_convergence", "convergence_table", "bulk_ess", "watch_runs"]
 
 #: at most this many coordinates per site are checked (evenly spaced) — R̂/ESS cost per coordinate
 MAX_COORDINATES = 1000
@@ -54,6 +54,33 @@ def _drift(x: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(sd > 0, diff / np.where(sd > 0, sd, 1.0), 0.0)
     return ratio.max(axis=0)
+
+
+def bulk_ess(x: np.ndarray, quantile: float = 0.0, max_coordinates: int = 64) -> float:
+    """A quantile over coordinates of the bulk ESS (``arviz.ess``: rank-normalised, split chains).
+
+    :param x: draws (chains, draws, k), at least 4 draws per chain.
+    :param float quantile: 0 (default) the smallest ESS, 0.5 the median (steadier: the
+        minimum of many noisy per-coordinate estimates is biased low).
+    :param int max_coordinates: check at most this many coordinates, evenly spaced (the cost
+        is per coordinate).
+    :return: the quantile over the non-constant coordinates; 0.0 when every coordinate is
+        constant or a draw is not finite (a frozen or diverged chain has no effective draws).
+    """
+    import arviz as az
+
+    x = np.asarray(x, np.float64)
+    if x.ndim != 3 or x.shape[1] < 4:
+        raise ValueError(f"x must have shape (chains, draws ≥ 4, k); got {x.shape}.")
+    if x.shape[-1] > max_coordinates:
+        x = x[..., np.unique(np.linspace(0, x.shape[-1] - 1, max_coordinates).round().astype(int))]
+    if not np.all(np.isfinite(x)):
+        return 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # constant coordinates: arviz warns and gives NaN
+        ess = np.asarray(az.ess(az.convert_to_dataset({"x": x}), method="bulk")["x"].values, np.float64)
+    ess = ess[np.isfinite(ess)]
+    return float(np.quantile(ess, quantile)) if ess.size else 0.0
 
 
 def convergence_table(samples: dict) -> pd.DataFrame:

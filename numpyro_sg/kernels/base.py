@@ -373,6 +373,14 @@ class GradientKernel(SGKernel):
         known after ``init`` when the kernel ran one."""
         return self._fit
 
+    def use_mode_fit(self, fit: ModeFit):
+        """Reuse ``fit``, the warmup's result for the same model and data (e.g. another kernel's
+        :attr:`mode_fit`, or :func:`~numpyro_sg.warmup.fit_model_mode`'s), instead of searching
+        for the mode again at ``init``; the tuners share one fit among their arms this way."""
+        if not isinstance(fit, ModeFit):
+            raise TypeError(f"fit must be a numpyro_sg.warmup.ModeFit, got {type(fit).__name__}.")
+        self._fit, self._fit_key = fit, None
+
     # -- init ------------------------------------------------------------------------------
     def _needs_mode(self, init_params) -> bool:
         if isinstance(self.preconditioner, str) or self.gradient == "cv":
