@@ -18,6 +18,7 @@ from conftest import CLASSIC, linear_model, linear_posterior
 from numpyro.infer import MCMC, init_to_uniform, init_to_value
 
 import numpyro_sg as nsg
+from numpyro_sg import datasets as ds
 from numpyro_sg.minibatch import Minibatcher, discover_plates
 from numpyro_sg.preconditioner import Moments, Preconditioner, adapted_preconditioner, update_moments
 
@@ -312,3 +313,27 @@ def test_acceptance_defaults_at_n_100000(kind, tmp_path_factory):
         assert table.attrs["xi_sd"] <= 0.05, (name, table)
         assert table["mean_err"].abs().max() <= 0.2, (name, table)
         assert rhat <= 1.01, (name, rhat)
+
+
+def test_bulk_ess_and_a_shared_mode_fit():
+    """bulk_ess: ≈ T for iid draws, ≈ T(1−ρ)/(1+ρ) for AR(ρ) (within 30%), 0 for a frozen
+    chain; use_mode_fit: a kernel given another's ModeFit does not search again."""
+    from numpyro_sg.diagnostics.convergence import bulk_ess
+    from numpyro_sg.warmup import fit_model_mode
+
+    rng = np.random.default_rng(0)
+    iid = rng.normal(size=(2, 2000, 5))
+    assert bulk_ess(iid, quantile=0.5) == pytest.approx(4000, rel=0.3)
+    ar = np.zeros((2, 4000, 5))
+    for t in range(1, 4000):
+        ar[:, t] = 0.9 * ar[:, t - 1] + np.sqrt(1 - 0.81) * rng.normal(size=(2, 5))
+    assert bulk_ess(ar, quantile=0.5) == pytest.approx(8000 * 0.1 / 1.9, rel=0.3)
+    assert bulk_ess(np.ones((1, 100, 3))) == 0.0
+    X, y, _ = ds.simulate_logistic_regression(num_data=2000, dim=3, seed=0)
+    fit, _, _ = fit_model_mode(ds.logistic_regression_model, (X, y))
+    kernel = nsg.SGLD(ds.logistic_regression_model)
+    kernel.use_mode_fit(fit)
+    kernel.init(jax.random.PRNGKey(0), 10, None, (X, y), {})
+    assert kernel.mode_fit is fit
+    with pytest.raises(TypeError, match="ModeFit"):
+        kernel.use_mode_fit({"mode": 0})

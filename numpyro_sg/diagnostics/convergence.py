@@ -76,6 +76,9 @@ def bulk_ess(x: np.ndarray, quantile: float = 0.0, max_coordinates: int = 64) ->
         x = x[..., np.unique(np.linspace(0, x.shape[-1] - 1, max_coordinates).round().astype(int))]
     if not np.all(np.isfinite(x)):
         return 0.0
+    x = x[..., x.reshape(-1, x.shape[-1]).std(axis=0) > 0]  # constant coordinates: no information
+    if x.shape[-1] == 0:
+        return 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # constant coordinates: arviz warns and gives NaN
         ess = np.asarray(az.ess(az.convert_to_dataset({"x": x}), method="bulk")["x"].values, np.float64)
