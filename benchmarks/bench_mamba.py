@@ -30,10 +30,8 @@ import json
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import numpyro
-import numpyro.distributions as dist
+from bench_vs_nuts import poisson, simulate
 from numpyro.infer import MCMC
 
 import numpyro_sg as nsg
@@ -44,24 +42,11 @@ def logistic(X, y=None, subsample_size=1000):
     return logistic_regression_model(X, y, subsample_size=subsample_size, prior_scale=np.sqrt(10.0))
 
 
-def poisson(X, y=None, subsample_size=1000):
-    N, d = X.shape
-    b0 = numpyro.sample("intercept", dist.Normal(0.0, 5.0))
-    beta = numpyro.sample("beta", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
-    with numpyro.plate("data", N, subsample_size=subsample_size):
-        Xb = numpyro.subsample(X, event_dim=1)
-        yb = numpyro.subsample(y, event_dim=0) if y is not None else None
-        numpyro.sample("y", dist.Poisson(jnp.exp(b0 + Xb @ beta)), obs=yb)
-
-
 def data(kind):
     if kind == "logistic":
         X, y, _ = simulate_logistic_regression(100_000, dim=10, seed=0)
         return logistic, X, y
-    rng = np.random.default_rng(0)
-    N = 200_000
-    X = (0.3 * rng.normal(size=(N, 9))).astype(np.float32)
-    y = rng.poisson(np.exp(1.0 + X @ (0.5 * rng.normal(size=9)))).astype(np.float32)
+    X, y = simulate("poisson", 200_000)
     return poisson, X, y
 
 
