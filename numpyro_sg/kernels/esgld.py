@@ -681,18 +681,20 @@ class ESGLDState(NamedTuple):
 
 def anchor_iterations(family_name: str, num_warmup: int) -> tuple:
     """Iterations at which the control-variate anchor is (re)computed at the current β: 0, and
-    for a non-Gaussian likelihood also 100, 400 and 1,000 when they fall in the warmup (a
-    Gaussian likelihood's expansion is exact whatever the anchor, so once is enough).
+    for a non-Gaussian likelihood also 100 when it falls in the warmup (by then the informed
+    moves have found the strong effects and the Langevin steps have reached their posterior
+    scale; a Gaussian likelihood's expansion is exact whatever the anchor, so once is enough).
+    Each anchor costs one full-data product Xᵀ·diag(ℓ'')·X, O(N·p²).
 
     **Example:**
 
     .. code-block:: python
 
-        anchor_iterations("bernoulli", 2000)     # (0, 100, 400, 1000)
+        anchor_iterations("bernoulli", 2000)     # (0, 100)
     """
     if family_name == "gaussian":
         return (0,)
-    return (0,) + tuple(k for k in (100, 400, 1000) if k < num_warmup)
+    return (0,) + tuple(k for k in (100,) if k < num_warmup)
 
 
 def esgld_hyperparameters(step_size, temperature, dim: int) -> ESGLDHyper:

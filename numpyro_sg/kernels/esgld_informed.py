@@ -59,6 +59,9 @@ from jax import lax, random
 
 from numpyro_sg.spike_slab import GLMBatch, GLMFamily
 
+#: supports up to this size use a small gather in :func:`hess_matvec`
+_SMALL_SUPPORT = 64
+
 __all__ = [
     "GLMAnchor",
     "CVBatch",
@@ -229,7 +232,8 @@ def conditional_inclusion(gamma, evidence: FlipEvidence, max_size):
 def hess_matvec(hess, v, max_nonzero: int | None = None):
     """H·v for a symmetric H, reading only the rows of the (at most ``max_nonzero``) non-zero
     entries of v: O(p·k) instead of O(p²) (δ = β − β̂ is sparse when β and β̂ are models of
-    at most q variables, k = 2q).  ``None``: the dense product.
+    at most q variables, k = 2q; a support of at most 64 reads 64 rows).  ``None``: the
+    dense product.
 
     **Example:**
 
@@ -239,9 +243,16 @@ def hess_matvec(hess, v, max_nonzero: int | None = None):
     """
     if max_nonzero is None or max_nonzero >= v.shape[0]:
         return hess @ v
-    idx = jnp.nonzero(v != 0, size=max_nonzero, fill_value=0)[0]
-    vals = jnp.where(jnp.arange(max_nonzero) < jnp.sum(v != 0), v[idx], 0.0)
-    return vals @ hess[idx]
+    count = jnp.sum(v != 0)
+
+    def gathered(k):
+        idx = jnp.nonzero(v != 0, size=k, fill_value=0)[0]
+        return jnp.where(jnp.arange(k) < count, v[idx], 0.0) @ hess[idx]
+
+    small = min(_SMALL_SUPPORT, max_nonzero)
+    if small == max_nonzero:
+        return gathered(max_nonzero)
+    return lax.cond(count <= small, lambda: gathered(small), lambda: gathered(max_nonzero))
 
 
 def informed_indicator_chain(key, gamma, theta, anchor: GLMAnchor, cvb: CVBatch, family: GLMFamily,
