@@ -42,6 +42,13 @@ model once (:func:`~numpyro_sg.model_info.trace_model`), checks it in one vector
 (:func:`~numpyro_sg.spike_slab.start_fn`, which also reads the data rows of data-based
 proposal weights).
 
+The default for a GLM likelihood (issue #16; :mod:`numpyro_sg.kernels.esgld_informed`,
+:func:`esgld_step`) replaces step 2 by informed single-flip moves accepted on a
+control-variate estimate of the log-likelihood (exact for a Gaussian likelihood) and step 3
+by a Langevin step at the last model with the control-variate gradient and a step in units of
+the conditional posterior variance; ``proposal="paper", gradient="plain",
+preconditioner=None`` is the paper's algorithm above.
+
 Noisy acceptance (``mh_correction="penalty"``): the mini-batch estimate of the log-likelihood
 difference of a proposal, Σ_{i∈S} a_i with a_i = (N/n)·Δℓ_i, has variance
 σ̂² = n·var_i(a_i) = (N²/n)·var_i(Δℓ_i) (times 1 − n/N without replacement); the penalty
@@ -837,6 +844,14 @@ def esgld_step(setup: ESGLDSetup, state: ESGLDState, model_args, model_kwargs) -
        (:func:`model_averaged_gradient`, :func:`~numpyro_sg.kernels.moves.langevin_move`),
        ε = ε_t of ``state.hyper``.
 
+    With a control-variate anchor (``setup.anchored``: informed proposals, ``gradient="cv"``
+    or the Laplace step) the iteration is instead: re-anchor at the iterations
+    ``setup.anchor_steps``; m informed single-flip MH steps
+    (:func:`~numpyro_sg.kernels.esgld_informed.informed_indicator_chain`) or the paper's chain;
+    θ' = θ + (ε/2)⊙ĝ + N(0, ε·τ) at the last model γ_m with the control-variate gradient
+    ĝ = ∇_θ log π(θ|γ_m) + γ_m⊙∇_β L̂ and ε_j = h·v_j
+    (:func:`~numpyro_sg.kernels.esgld_informed.laplace_step_scale`).
+
     A non-finite θ', log density or gradient freezes the chain at its state
     (:func:`~numpyro_sg.kernels.moves.freeze`) and sets ``diverging`` from then on.
 
@@ -1071,13 +1086,32 @@ class ESGLD(SGKernel):
     :param model: NumPyro model with a subsample plate, an indicator site (Bernoulli, shape
         (p,)) and a coefficient site (real, shape (p,)) entering the likelihood only through
         their product (see :mod:`numpyro_sg.spike_slab`).
-    :param step_size: ε > 0: a float, an array over the flat unconstrained continuous sites,
-        or a schedule t ↦ ε_t (:func:`~numpyro_sg.polynomial_schedule`, or any callable).
-        The paper uses ε ≈ 1/N or smaller (1e-6 at N = 50,000 for the linear example).  Held
-        in the state (:class:`ESGLDHyper`), so :func:`numpyro_sg.mamba` can vary it across
-        vectorised arms.
-    :param int num_models: m, the number of RJ-MH steps (models) per iteration (paper: 10).
+    :param step_size: with the Laplace preconditioner (the default for a GLM likelihood) a
+        dimensionless h > 0, ε_j = h·v_j with v_j the conditional posterior variance of θ_j
+        under the control-variate surrogate (``None``: :data:`DEFAULT_STEP_SIZE` = 0.25);
+        without it (``preconditioner=None``) an absolute ε > 0 (``None``:
+        :data:`PAPER_STEP_SIZE` = 1e-6; the paper uses ε ≈ 1/N or smaller).  A float, an array
+        over the flat unconstrained continuous sites, or a schedule t ↦ ε_t
+        (:func:`~numpyro_sg.polynomial_schedule`, or any callable).  Held in the state
+        (:class:`ESGLDHyper`), so :func:`numpyro_sg.mamba` can vary it across vectorised arms.
+    :param int num_models: m, the number of MH steps (models) on γ per iteration (paper: 10).
     :param max_model_size: q, models are truncated to size(γ) ≤ q (1 ≤ q ≤ p; default p).
+    :param proposal: ``"auto"`` (default: ``"informed"`` when the likelihood is a detected GLM
+        and θ the only continuous site, else ``"paper"``), ``"informed"`` (locally balanced
+        single flips of (γ_j, sign θ_j) drawn ∝ exp(Δ̃/2) from the full-data quadratic
+        surrogate of every flip, exact MH on the control-variate estimate;
+        :func:`~numpyro_sg.kernels.esgld_informed.informed_indicator_chain`), ``"paper"`` (the
+        weighted birth / death / exchange moves of supp. §3 with ``proposal_weights``), or an
+        array of p weights (the paper's moves with these weights).
+    :param gradient: ``"auto"`` (``"cv"`` where ``"informed"`` applies, else ``"plain"``),
+        ``"cv"`` (control-variate gradient around the anchor, at the last model γ_m) or
+        ``"plain"`` (the paper's model-averaged mini-batch gradient).
+    :param preconditioner: ``"auto"`` (``"laplace"`` where ``"informed"`` applies, else
+        ``None``), ``"laplace"`` (step in units of the conditional posterior variance) or
+        ``None`` (absolute step).  The informed proposal, ``"cv"`` and ``"laplace"`` carry a
+        control-variate anchor (g and H of the full data at β̂, computed at iteration 0 and,
+        for a non-Gaussian likelihood, again at iteration 100 at the chain's current β:
+        :func:`anchor_iterations`; O(N·p²) each, p² floats of memory).
     :param proposal_weights: ``"auto"`` (``"correlation"`` for a Gaussian GLM likelihood,
         ``"deviance"`` for other GLMs, ``"uniform"`` otherwise), ``"correlation"``
         (w_j = exp(abs(corr(y, x_j)) − 1)), ``"deviance"`` (w_j = exp(−(d_j − min d)/(5·sd d) −
@@ -1087,9 +1121,10 @@ class ESGLD(SGKernel):
         (default, as in the paper).
     :param mh_correction: ``None`` (plain mini-batch acceptance, as in the paper) or
         ``"penalty"`` (subtract half the estimated variance of the mini-batch log-likelihood
-        difference from the log acceptance ratio; use it when n is small or N is small, where
-        the noisy ratio inflates the inclusion of null variables).  An error with a full batch
-        (n = N), where there is no noise to correct.
+        difference — of the control-variate remainder with the anchor — from the log
+        acceptance ratio).  Automatic rule: no penalty during the warmup (the search), the full
+        penalty after it.  An error with a full batch (n = N), where there is no noise to
+        correct.
     :param float temperature: τ (default 1).
     :param indicator: name of the indicator site (found automatically when omitted).
     :param coefficient: name of the coefficient site (found automatically when omitted).
@@ -1112,17 +1147,21 @@ class ESGLD(SGKernel):
     Output per draw (``mcmc.get_samples()``): the constrained continuous sites (θ, …), the
     indicator γ_m as int32 in {0, 1}, the effective coefficients β = θ·γ_m and the inclusion
     frequency (1/m)·Σ_k γ_k (its mean over draws estimates the marginal posterior inclusion
-    probabilities, Theorem 1(iii)).  Extra fields: ``step_size``, ``accept_rate``,
+    probabilities, Theorem 1(iii)); with informed proposals also ``<inclusion_name>_rb``, the
+    Rao-Blackwellised inclusion (the mean over the m states of P(γ_j = 1 | θ, γ_{−j}, X) under
+    the surrogate; slides 004, eq. 8).  Extra fields: ``step_size``, ``accept_rate``,
     ``model_size``, ``diverging``.
 
     **Example:**
 
     .. code-block:: python
 
-        mcmc = MCMC(nsg.ESGLD(model, 1e-6, num_models=10, max_model_size=50),
+        mcmc = MCMC(nsg.ESGLD(model, num_models=10, max_model_size=50),
                     num_warmup=2000, num_samples=3000)
         mcmc.run(jax.random.PRNGKey(0), X, y)
-        mcmc.get_samples()["inclusion"].mean(0)       # marginal inclusion probabilities
+        nsg.selection_summary(mcmc, beta_true)        # inclusion, selected, β̂; FSR … in attrs
+        # the paper's algorithm:
+        nsg.ESGLD(model, 1e-6, proposal="paper", gradient="plain", preconditioner=None)
     """
 
     State = ESGLDState

@@ -195,18 +195,20 @@ def flip_evidence(gamma, theta, theta0, G, hess_diag, table, max_size, flip_sign
     """
     dtype = theta.dtype
     g = gamma.astype(dtype)
-    gi = gamma.astype(jnp.int32)
-    cols = jnp.arange(theta.shape[0])
-    row = (theta != theta0).astype(jnp.int32)
-    prior_now = table[row, gi, cols]
-    size = jnp.sum(gi)
-    allowed = (gi == 1) | (size < max_size)
+    included = gamma.astype(jnp.int32) == 1
+    flipped = theta != theta0
+
+    def lookup(r, inc):  # table[r, inc, j] by selects (elementwise, fuses) rather than a gather
+        return jnp.where(r, jnp.where(inc, table[1, 1], table[1, 0]), jnp.where(inc, table[0, 1], table[0, 0]))
+
+    prior_now = lookup(flipped, included)
+    size = jnp.sum(included)
+    allowed = included | (size < max_size)
     signs = (1.0, -1.0) if flip_sign else (1.0,)
     out = []
     for s in signs:
         d = (1.0 - g) * (s * theta) - g * theta
-        row2 = row if s > 0 else 1 - row
-        dprior = table[row2, 1 - gi, cols] - prior_now
+        dprior = lookup(flipped if s > 0 else ~flipped, ~included) - prior_now
         delta = dprior + d * G + 0.5 * hess_diag * d * d
         out.append((delta, d, dprior, jnp.where(allowed, 0.5 * delta, -jnp.inf)))
     return FlipEvidence(*(jnp.stack(a) for a in zip(*out)))
@@ -300,9 +302,8 @@ def informed_indicator_chain(key, gamma, theta, anchor: GLMAnchor, cvb: CVBatch,
         gam, th, G, eta, r, lp, ev, n_acc = carry
         k_prop, k_acc = random.split(k)
         flat = ev.log_w.reshape(-1)
-        c = random.categorical(k_prop, flat)
+        c, log_q_fwd = _draw_from_log_weights(k_prop, flat)
         s_idx, j = c // p, c % p
-        log_q_fwd = flat[c] - jax.nn.logsumexp(flat)
         dj = ev.d[s_idx, j]
         gam2 = gam.at[j].set(1 - gam[j])
         th2 = th.at[j].multiply(signs[s_idx])
@@ -338,6 +339,17 @@ def informed_indicator_chain(key, gamma, theta, anchor: GLMAnchor, cvb: CVBatch,
     carry0 = (gamma, theta, G0, eta0, r0, lp0, evidence(gamma, theta, G0), jnp.int32(0))
     (gam, th, G, eta, _, _, _, n_acc), (gammas, rhos) = lax.scan(body, carry0, random.split(key, num_steps))
     return InformedChain(gam, th, gammas, n_acc, G, eta, jnp.mean(rhos, 0))
+
+
+def _draw_from_log_weights(key, log_w):
+    """(c, log q(c)) with q ∝ exp(log_w): inverse CDF with one uniform (cheaper than Gumbel)."""
+    top = jnp.max(log_w)
+    w = jnp.exp(log_w - top)
+    c = jnp.cumsum(w)
+    u = random.uniform(key, (), log_w.dtype) * c[-1]
+    idx = jnp.clip(jnp.searchsorted(c, u, side="right"), 0, log_w.shape[0] - 1)
+    idx = jnp.where(w[idx] > 0, idx, jnp.argmax(log_w))  # never a zero-weight candidate
+    return idx, log_w[idx] - top - jnp.log(c[-1])
 
 
 def cv_loglik_gradient(surrogate_grad, cvb: CVBatch, family: GLMFamily, eta):
