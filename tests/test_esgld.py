@@ -17,6 +17,7 @@ from numpyro.infer import MCMC
 from scipy import stats
 
 import numpyro_sg as nsg
+from numpyro_sg import datasets
 from numpyro_sg.datasets import esgld_linear_model
 from numpyro_sg.kernels.esgld import (
     ESGLD,
@@ -636,3 +637,26 @@ def test_newcomer_defaults_find_all_effects(correction, newcomer_data):
     assert table.inclusion[~true].max() <= 0.05, table[~true].sort_values("inclusion").tail()
     assert table.attrs["FSR"] == 0 and table.attrs["NSR"] == 0
     assert table.attrs["MSE1"] < 1e-3, table.attrs  # posterior sd of each effect ≈ 1/√N = 0.014
+
+
+# --- issue #16: the paper's tables with the default ------------------------------------------
+# One data set each (the full acceptance runs, seeds 0–4 / 0–2 for both algorithms, are
+# `examples/esgld_variable_selection.py`; numbers in docs/esgld.md).  Table 1 seed 2 is one on
+# which the paper's algorithm misses a β = −1 variable; Table S1 seed 1 one on which it misses
+# all three.  Tolerances are the issue's acceptance figures (measured: MSE₁ 2.9e-5 / 1.4e-4,
+# MSE₀ 1.5e-12 / 1.0e-8, largest null inclusion 0.000 / 0.035).
+@pytest.mark.slow
+@pytest.mark.parametrize("which,seed,mse1,mse0", [("linear", 2, 1e-2, 1e-6), ("logistic", 1, 5e-2, 1e-3)])
+def test_paper_tables_with_the_default(which, seed, mse1, mse0):
+    if which == "linear":
+        X, y, beta = datasets.simulate_esgld_linear(seed=seed)
+        model, n, q = datasets.esgld_linear_model, 200, 50
+    else:
+        X, y, beta = datasets.simulate_esgld_logistic(seed=seed)
+        model, n, q = datasets.esgld_logistic_model, 300, 500
+    mcmc = MCMC(ESGLD(model, num_models=10, max_model_size=q, subsample_size=n),
+                num_warmup=2000, num_samples=3000, progress_bar=False, jit_model_args=True)
+    mcmc.run(jax.random.PRNGKey(seed), X, y)
+    m = nsg.selection_summary(mcmc, beta, thin=10).attrs
+    assert m["FSR"] == 0 and m["NSR"] == 0, m
+    assert m["MSE1"] <= mse1 and m["MSE0"] <= mse0, m
