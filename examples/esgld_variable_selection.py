@@ -26,8 +26,7 @@ import jax
 import numpy as np
 from numpyro.infer import MCMC
 
-from numpyro_sg import datasets, selection
-from numpyro_sg import ESGLD
+from numpyro_sg import ESGLD, datasets, selection
 
 PAPER = {
     "linear": dict(FSR=0.0, NSR=0.0, MSE1=2.91e-3, MSE0=1.26e-7, minutes=3.3),
@@ -37,7 +36,7 @@ PAPER = {
 
 #: the paper's algorithm (Alg. 1, supp. §3): weighted birth/death/exchange moves accepted on the
 #: plain mini-batch estimate, model-averaged plain gradients, an absolute step size
-PAPER_ALGORITHM = dict(proposal="paper", gradient="plain", preconditioner=None)
+PAPER_ALGORITHM = {"proposal": "paper", "gradient": "plain", "preconditioner": None}
 
 
 def run_one(which, seed, num_data, num_features, iters, burn_in, subsample=None, weights="auto",

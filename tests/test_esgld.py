@@ -30,7 +30,11 @@ from numpyro_sg.kernels.esgld import (
     resolve_proposal_weights,
     rjmh_indicator_chain,
 )
-from numpyro_sg.kernels.esgld_informed import cv_batch, glm_anchor, informed_indicator_chain
+from numpyro_sg.kernels.esgld_informed import (
+    cv_batch,
+    glm_anchor,
+    informed_indicator_chain,
+)
 from numpyro_sg.kernels.moves import polynomial_schedule
 from numpyro_sg.spike_slab import SpikeSlabError, find_spike_slab, start_fn
 
@@ -237,7 +241,7 @@ def test_informed_chain_matches_enumeration(which, q, flip, small_data):
     model, obs = (lin_model, y) if which == "linear" else (size_model, yb)
     p = 8 if not flip else 3
     Xs, ths = X[:, :p], theta[:p]
-    g, th, rb, ss = _informed_chain_draws(model, Xs, obs, ths, 2000, 60, q=q, flip_sign=flip)
+    g, th, _, ss = _informed_chain_draws(model, Xs, obs, ths, 2000, 60, q=q, flip_sign=flip)
     assert ss.per_coordinate_prior == (which == "linear")
     assert g.sum(1).max() <= q
     target, observed = {}, []
@@ -381,7 +385,7 @@ def e2e_data():
     return X, y, exact
 
 
-PAPER_ALGORITHM = dict(proposal="paper", gradient="plain", preconditioner=None)
+PAPER_ALGORITHM = {"proposal": "paper", "gradient": "plain", "preconditioner": None}
 
 
 # Paper algorithm: ε = 1e-4 (εL ≈ 0.4 for the largest curvature L ≈ N·(0.7 + 0.3·p)); default:

@@ -99,7 +99,13 @@ from numpyro_sg.kernels.moves import (
     langevin_noise_variance,
     step_size_at,
 )
-from numpyro_sg.minibatch import Minibatcher, full_data, jit_with_data, subsample_plates, with_indices
+from numpyro_sg.minibatch import (
+    Minibatcher,
+    full_data,
+    jit_with_data,
+    subsample_plates,
+    with_indices,
+)
 from numpyro_sg.model_info import trace_model
 from numpyro_sg.spike_slab import (
     GLMBatch,
