@@ -10,6 +10,7 @@ from numpyro_sg.diagnostics.plots import plot_ksd_path
 from numpyro_sg.diagnostics.stein import fssd, ksd
 from numpyro_sg.minibatch import find_subsample_plates
 from numpyro_sg.reference import compare, nuts_reference, plot_compare
+from numpyro_sg.selection import selection_summary
 from numpyro_sg.tuning import grid_search, heuristic_step_size, mamba
 from numpyro_sg.version import __version__  # noqa: F401
 from numpyro_sg.warmup import ModeFit, WarmupOptions
@@ -41,5 +42,6 @@ __all__ = [
     "mamba",
     "grid_search",
     "heuristic_step_size",
+    "selection_summary",
 ]
 __all__ += ["PSGLD", "BAOAB"]

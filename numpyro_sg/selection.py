@@ -22,6 +22,7 @@ Definitions (supp. §4.1):
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 __all__ = [
     "inclusion_probabilities",
@@ -134,18 +135,47 @@ def selection_metrics(selected, beta_hat, beta_true):
     }
 
 
-def selection_summary(obj, beta_true, *, beta_name: str = "beta", thin: int = 10, threshold: float = 0.5, inclusion_name: str | None = None):
-    """Inclusion probabilities, the median probability model and the metrics in one dict.
+def selection_summary(obj, beta_true=None, *, beta_name: str = "beta", thin: int = 10, threshold: float = 0.5,
+                      inclusion_name: str | None = None, names=None):
+    """A tidy table of a variable-selection run: one row per variable.
 
-    Keys: ``inclusion`` (p,), ``selected`` (mask), ``beta_hat`` (p,), and those of
-    :func:`selection_metrics`.
+    Columns: ``variable`` (``names`` or the index), ``inclusion`` (marginal inclusion
+    probability, :func:`inclusion_probabilities`), ``selected`` (median probability model,
+    inclusion > ``threshold``), ``beta_hat`` (mean of the draws of ``beta_name`` thinned by
+    ``thin``) and, with ``beta_true``, ``beta_true``.  With ``beta_true`` the frame's ``attrs``
+    hold FSR, NSR, MSE1, MSE0 and num_selected (:func:`selection_metrics`); without it only
+    num_selected.  ``inclusion_name="inclusion_rb"`` summarises ESGLD's Rao-Blackwellised
+    inclusion instead of the indicator frequency.
+
+    **Example:**
+
+    .. code-block:: python
+
+        df = selection_summary(mcmc, beta_true)
+        df[df.selected]            # the selected variables
+        df.attrs["FSR"], df.attrs["NSR"], df.attrs["MSE1"], df.attrs["MSE0"]
     """
     probs = inclusion_probabilities(obj, inclusion_name)
     sel = median_probability_model(probs, threshold)
     bhat = posterior_mean(obj, beta_name, thin)
-    out = {"inclusion": probs, "selected": sel, "beta_hat": bhat}
-    out.update(selection_metrics(sel, bhat, beta_true))
-    return out
+    p = probs.shape[0]
+    if names is not None and len(names) != p:
+        raise ValueError(f"names has {len(names)} entries; the run has p = {p} variables.")
+    frame = pd.DataFrame({
+        "variable": np.arange(p) if names is None else list(names),
+        "inclusion": probs,
+        "selected": sel,
+        "beta_hat": bhat,
+    })
+    if beta_true is None:
+        frame.attrs.update(num_selected=int(sel.sum()))
+        return frame
+    btrue = np.asarray(beta_true, np.float64)
+    if btrue.shape != (p,):
+        raise ValueError(f"beta_true has shape {btrue.shape}; the run has p = {p} variables.")
+    frame["beta_true"] = btrue
+    frame.attrs.update(selection_metrics(sel, bhat, btrue))
+    return frame
 
 
 def relative_error(obj, theta_true, *, var_name: str = "beta", last: int | None = 1000):

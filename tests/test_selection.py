@@ -38,8 +38,14 @@ def test_inclusion_from_every_form():
     with pytest.raises(TypeError):
         sel.inclusion_probabilities("nonsense")
     summary = sel.selection_summary(idata, np.array([1.0, 0, 0, 0]))
-    assert set(summary) >= {"inclusion", "selected", "beta_hat", "FSR", "NSR", "MSE1", "MSE0"}
+    assert list(summary.columns) == ["variable", "inclusion", "selected", "beta_hat", "beta_true"]
+    assert set(summary.attrs) >= {"FSR", "NSR", "MSE1", "MSE0", "num_selected"}
     np.testing.assert_array_equal(summary["selected"], want > 0.5)
+    np.testing.assert_allclose(summary["inclusion"], want)
+    assert list(sel.selection_summary(idata, names=list("abcd")).variable) == list("abcd")
+    assert "beta_true" not in sel.selection_summary(idata).columns
+    with pytest.raises(ValueError, match="beta_true"):
+        sel.selection_summary(idata, np.zeros(3))
 
 
 def test_plot(tmp_path):
