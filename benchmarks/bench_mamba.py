@@ -16,8 +16,9 @@ N(0, 10·I) (paper 002 Appendix B.1), and Poisson regression d = 10, N = 200,000
   sizes {10⁻³, …, 10⁻⁷}, the same subsample sizes.
 
 For each budget T and seed, ``nsg.mamba(..., time_budget=T)`` is timed (the whole call), and
-its pick is run again from ``make(**best_params)`` under ``MCMC`` (500 warmup + 5,000 draws,
-its own warmup) and compared with NUTS on the full data (1 chain, 1,000 + 2,000, cached):
+its pick is run again from ``make(**best_params)`` under ``MCMC`` (its own warmup; num_samples
+from ``res.suggested_num_samples(400)``, at least 5,000, at most 10⁶, warmup a tenth of it)
+and compared with NUTS on the full data (1 chain, 1,000 + 2,000, cached):
 ξ(σ̂) = ‖σ̂ − σ_NUTS‖/‖σ_NUTS‖ and the largest |mean − mean_NUTS|/sd_NUTS.
 
 ``--versus-grid`` adds, for seed 0 of each problem: ``nsg.grid_search`` at the same budget and
@@ -61,7 +62,9 @@ def grid_of(name, model, N):
 
 def accuracy(make, params, X, y, ref, num_samples, seed):
     """ξ(σ̂), max |mean error| (NUTS sds) and seconds of make(**params) under MCMC."""
-    mcmc = MCMC(make(**params), num_warmup=num_samples // 10, num_samples=num_samples, progress_bar=False)
+    thinning = max(num_samples // 20_000, 1)
+    mcmc = MCMC(make(**params), num_warmup=num_samples // 10, num_samples=num_samples,
+                thinning=thinning, progress_bar=False)
     start = time.perf_counter()
     mcmc.run(jax.random.PRNGKey(100 + seed), X, y)
     jax.block_until_ready(mcmc.get_samples())
@@ -74,11 +77,15 @@ def tuner_row(tuner, make, grid, X, y, ref, budget, seed, args, **kw):
     start = time.perf_counter()
     res = tuner(make, grid, (X, y), time_budget=budget, rng_key=jax.random.PRNGKey(seed), **kw)
     wall = time.perf_counter() - start
-    xi, err, _ = accuracy(make, res.best_params, X, y, ref, args.rerun_samples, seed)
+    num_samples = args.rerun_samples
+    if np.isfinite(res.ess_per_iteration):  # as the docs say: the tuner's suggestion for ESS 400
+        num_samples = int(np.clip(res.suggested_num_samples(400), args.rerun_samples, 1_000_000))
+    xi, err, rerun_seconds = accuracy(make, res.best_params, X, y, ref, num_samples, seed)
     best = res.rounds[res.rounds["arm"] == res.arms.index(res.best_params)].iloc[-1]
     return {"budget": budget, "seed": seed, "wall": wall, "wall_ratio": wall / budget,
             "best": {k: float(v) for k, v in res.best_params.items()}, "ksd": float(best["ksd"]),
-            "xi": xi, "max_mean_err": err, "rounds": res.num_rounds,
+            "xi": xi, "max_mean_err": err, "rounds": res.num_rounds, "num_samples": num_samples,
+            "rerun_seconds": rerun_seconds,
             "overhead": {k: round(v, 2) for k, v in res.overhead.items()},
             "chain_seconds": float(res.rounds["seconds"].sum())}
 
@@ -117,10 +124,12 @@ def main(argv=None):
                     row.update(model=kind, grid=grid_name, tuner=tuner.__name__ + ("-plain" if kw else ""))
                     out.append(row)
                     print(json.dumps(row), flush=True)
-    print(f"\n{'model':9s} {'grid':8s} {'tuner':12s} {'T':>4s} {'seed':>4s} {'wall/T':>6s} {'ξ':>6s} {'max err':>7s}  pick")
+    print(f"\n{'model':9s} {'grid':8s} {'tuner':12s} {'T':>4s} {'seed':>4s} {'wall/T':>6s} {'ξ':>6s} "
+          f"{'max err':>7s} {'draws':>8s} {'rerun s':>7s}  pick")
     for r in out:
         print(f"{r['model']:9s} {r['grid']:8s} {r['tuner']:12s} {r['budget']:4.0f} {r['seed']:4d} "
-              f"{r['wall_ratio']:6.2f} {r['xi']:6.3f} {r['max_mean_err']:7.3f}  {r['best']}")
+              f"{r['wall_ratio']:6.2f} {r['xi']:6.3f} {r['max_mean_err']:7.3f} {r['num_samples']:8d} "
+              f"{r['rerun_seconds']:7.1f}  {r['best']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

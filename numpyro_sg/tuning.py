@@ -134,7 +134,9 @@ class TuningResult:
     warmup's mode search and the kernels' ``init``; ``compile``; ``score``; ``result``:
     building ``idata``).  ``rounds["seconds"].sum()`` is the chain time.  ``batches`` lists
     the arms that ran as one vectorised batch; ``eta`` and ``num_rounds`` the halving
-    schedule (``eta`` is ``None`` for a grid search); ``criterion`` the selection rule.
+    schedule (``eta`` is ``None`` for a grid search); ``criterion`` the selection rule;
+    ``ess_per_iteration`` the winner's effective draws per iteration (see
+    :meth:`suggested_num_samples`).
     """
 
     best_params: dict
@@ -151,6 +153,17 @@ class TuningResult:
     time_budget: float = math.nan
     make_kernel: Callable | None = field(default=None, repr=False)
     mode_fit: Any = field(default=None, repr=False)
+    ess_per_iteration: float = math.nan
+
+    def suggested_num_samples(self, ess: float = 400.0) -> int:
+        """``num_samples`` for about ``ess`` effective draws (one chain) with the winning arm:
+        ``ess`` divided by the winner's effective draws per iteration in the tuner (its bulk
+        ESS over the iterations behind its scored draws; ``criterion="ess"`` only).  MAMBA
+        compares arms at equal *time*, so a cheap, slowly mixing arm (small mini-batch, small
+        step) can win; it then needs more iterations than a user might guess."""
+        if not (self.ess_per_iteration > 0):
+            raise ValueError("the winner's effective draws per iteration are unknown (criterion='plain').")
+        return int(math.ceil(ess / self.ess_per_iteration))
 
     def best_kernel(self):
         """A fresh kernel with the winning hyperparameters, ``make_kernel(**best_params)``,
@@ -732,7 +745,8 @@ def _tune(make_kernel, grid, *, model_args, model_kwargs, time_budget, eta, metr
         elapsed=time.perf_counter() - start_all, scales=scorer.scales, arms=arms,
         overhead=overhead, batches=batch_arms, eta=eta if halving else None, num_rounds=num_rounds,
         criterion=criterion, time_budget=float(time_budget), make_kernel=make_kernel,
-        mode_fit=scorer.fit,
+        mode_fit=scorer.fit, ess_per_iteration=float(results[best]["ess"]) / (thin * max(
+            sum(int(np.prod(jax.tree.leaves(z)[0].shape[:2])) for z in pieces[best]), 1)),
     )
 
 
@@ -845,7 +859,8 @@ def mamba(make_kernel: Callable, grid: dict, model_args=(), model_kwargs=None, *
                         {"step_size": [10.0, 1.0, 0.1, 0.01], "subsample_size": [10_000, 1_000, 100]},
                         (X, y), time_budget=20, rng_key=jax.random.PRNGKey(0))
         res.best_params, res.rounds, res.idata
-        MCMC(res.best_kernel(), num_warmup=500, num_samples=5000).run(key, X, y)
+        n = res.suggested_num_samples(ess=400)        # its ESS per iteration in the tuner
+        MCMC(res.best_kernel(), num_warmup=n // 10, num_samples=n).run(key, X, y)
     """
     return _tune(**locals(), halving=True)
 

@@ -149,6 +149,7 @@ def test_best_params_reproduce_the_tuned_accuracy_under_mcmc(data):
         assert np.all(np.abs(theta.mean(0) - mean) < 0.2 * sd)
         np.testing.assert_allclose(theta.std(0), sd, rtol=0.15)
     assert res.best_kernel().mode_fit is res.mode_fit  # no second mode search
+    assert 0 < res.ess_per_iteration <= 1.5 and res.suggested_num_samples(400) >= 400
 
 
 def test_one_round_warns_and_grid_search_takes_a_metric(data):
