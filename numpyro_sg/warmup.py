@@ -5,18 +5,23 @@ Before the chains start (inside the kernel's ``init``, so it counts in ``MCMC.ru
 
 1. **stochastic optimisation** — ``optimizer_steps`` Adam steps (optax, cosine-decayed
    learning rate) on mini-batch estimates of ∇ log π, from the unconstrained zero point (the
-   chain-0 draw of ``init_to_uniform`` if the log density is not finite there);
+   chain-0 draw of ``init_to_uniform`` if the log density is not finite there; coordinates
+   whose gradient vanishes exactly there — a symmetric saddle, as in matrix factorisation —
+   perturbed by ``symmetry_jitter``·ξ);
 2. **Newton refinement** — at most ``newton_steps`` damped Newton steps
    θ ← θ + α·(−H)⁻¹·∇ log π(θ) with the exact full-data gradient (one pass over the data in
    chunks of ``chunk_size`` rows: memory O(chunk·d)) and the Hessian H from a random
    subsample of ``hessian_rows`` rows scaled by N/m (exact when N ≤ ``hessian_rows``);
    α is halved until log π does not decrease; converged when every step component is below
-   ``tolerance`` Laplace sds.
+   ``tolerance`` Laplace sds (``diagonal_tolerance`` with the diagonal Hessian used above
+   ``dense_max`` coordinates).
 
 The result, a :class:`ModeFit`, gives the Laplace covariance Σ̂ = (−H)⁻¹ at the mode as a
 :class:`~numpyro_sg.preconditioner.Preconditioner` (a dense square root for up to
 ``dense_max`` coordinates; above that the diagonal of a Hutchinson estimate of −H from a few
-Hessian-vector products, never a d×d matrix), and the control-variate anchor (θ̂ and its
+Hessian-vector products, never a d×d matrix, shrunk by √(2λ − 1) where λ is the top eigenvalue
+of the whitened −H found by power iteration, so that steps in its units stay stable on coupled
+coordinates), and the control-variate anchor (θ̂ and its
 full-data gradient).  :func:`starting_points` starts the chains at θ̂ + ``jitter``·L·ξ,
 ξ ~ N(0, I) per chain: a draw from the Laplace approximation.
 
@@ -44,7 +49,8 @@ from numpyro_sg.minibatch import Minibatcher, draw_with_replacement, jit_with_da
 from numpyro_sg.model_info import ModelInfo
 from numpyro_sg.preconditioner import Preconditioner, from_working
 
-__all__ = ["WarmupOptions", "ModeFit", "find_mode", "starting_points", "laplace_preconditioner"]
+__all__ = ["WarmupOptions", "ModeFit", "find_mode", "starting_points", "laplace_preconditioner",
+           "break_symmetry", "whitened_top_eigenvalue"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,19 @@ class WarmupOptions:
     :param float jitter: chains start at θ̂ + jitter·L·ξ.
     :param int seed: seed of the warmup's own random draws (mini-batches, Hessian rows), so
         that every chain of a run — whatever the chain method — starts from the same mode.
+    :param float symmetry_jitter: coordinates whose gradient is exactly 0 at the zero start
+        (a symmetric saddle, e.g. the factors of a matrix factorisation) start at
+        ``symmetry_jitter``·ξ instead (:func:`break_symmetry`); 0 disables it.
+    :param float diagonal_tolerance: above ``dense_max`` coordinates Newton uses the Hessian's
+        diagonal only, a preconditioned gradient step that converges slowly on coupled
+        coordinates (matrix factorisation); it has converged when every step component is
+        below this many Laplace sds (default 0.25: a start well inside the posterior).
+    :param bool stabilise_diagonal: divide the diagonal Laplace scales by √(2λ − 1), λ the
+        top eigenvalue of the whitened −H (power iteration on Hessian-vector products), so
+        that a step size in preconditioner units is about as stable along the stiffest
+        direction as with a dense preconditioner (λ = 1 for uncoupled coordinates: no change;
+        the factor 2λ − 1 rather than λ is a margin for power iteration's underestimate and
+        for curvature growing away from the mode — BAOAB's default diverged on BPMF with √λ).
     """
 
     optimizer_steps: int = 500
@@ -76,6 +95,9 @@ class WarmupOptions:
     dense_max: int = 256
     jitter: float = 1.0
     seed: int = 0
+    symmetry_jitter: float = 0.1
+    diagonal_tolerance: float = 0.25
+    stabilise_diagonal: bool = True
 
     @classmethod
     def of(cls, value) -> "WarmupOptions":
@@ -104,6 +126,9 @@ class ModeFit:
     :ivar converged: whether Newton met its tolerance.
     :ivar newton_steps: Newton steps taken.
     :ivar seconds: wall time of the search.
+    :ivar stiffness: λ, the top eigenvalue of the whitened −H for a diagonal preconditioner
+        (:func:`whitened_top_eigenvalue`; 1 for a dense one); the diagonal scales were divided
+        by √(2λ − 1) (``WarmupOptions.stabilise_diagonal``).
     """
 
     mode: Any
@@ -113,6 +138,7 @@ class ModeFit:
     converged: bool
     newton_steps: int
     seconds: float
+    stiffness: float = 1.0
 
     @property
     def scales(self) -> np.ndarray:
@@ -178,6 +204,28 @@ def _line_search(full_vg, x, value, step, dtype, halvings=10):
     return x, value, full_vg(x)[1], False
 
 
+def whitened_top_eigenvalue(neg_hvp, scale, key, num_iterations: int = 15) -> float:
+    """Largest eigenvalue of S·(−H)·S, S = diag(``scale``), by power iteration on
+    Hessian-vector products ``neg_hvp(v) = −H·v`` (d-vectors only, never a d×d matrix).
+
+    With S the diagonal Laplace scales (−H)_jj^(−1/2) the whitened matrix has unit diagonal, so
+    its top eigenvalue λ ≥ 1; λ ≫ 1 means strongly coupled coordinates (the conditional sds
+    are much wider than the posterior along some direction), where a step size in units of
+    the diagonal scales is unstable.
+    """
+    v = random.normal(key, scale.shape, scale.dtype)
+    v = v / jnp.linalg.norm(v)
+    lam = 1.0
+    for _ in range(num_iterations):
+        w = scale * neg_hvp(scale * v)
+        lam = float(jnp.vdot(v, w))
+        norm = jnp.linalg.norm(w)
+        if not np.isfinite(float(norm)) or float(norm) == 0.0:
+            return 1.0
+        v = w / norm
+    return max(lam, 1.0)
+
+
 def _positive(curvature):
     """Curvatures made positive: non-positive or non-finite entries get the median positive one."""
     good = np.isfinite(curvature) & (curvature > 0)
@@ -193,12 +241,27 @@ def _dense_or_fallback(neg_h, dtype):
         return Preconditioner(scale=jnp.asarray(1.0 / np.sqrt(_positive(np.diag(neg_h))), dtype))
 
 
-def _start(full_vg, info: ModelInfo, unravel_dim, dtype):
-    """The unconstrained zero point, or chain 0's initial draw where log π is not finite there."""
+def break_symmetry(x, grad, key, scale):
+    """x + ``scale``·ξ (ξ ~ N(0, I)) in the coordinates where ``grad`` is exactly 0, x elsewhere.
+
+    At the zero point a model with a product of parameters (matrix factorisation, U·Vᵀ) sits
+    on a saddle where the gradient of every factor vanishes exactly by symmetry, and gradient
+    ascent never leaves it; perturbing those coordinates (and only those, so a model whose
+    gradient is non-zero everywhere starts exactly at zero as before) breaks the symmetry.
+    """
+    xi = random.normal(key, x.shape, x.dtype)
+    return jnp.where(grad == 0, x + scale * xi, x)
+
+
+def _start(full_vg, info: ModelInfo, unravel_dim, dtype, key=None, scale=0.1):
+    """The unconstrained zero point (its exact-zero-gradient coordinates perturbed,
+    :func:`break_symmetry`), or chain 0's initial draw where log π is not finite there."""
     zero = jnp.zeros(unravel_dim, dtype)
     value, grad = full_vg(zero)
     if np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad))):
-        return zero
+        if key is None or scale == 0 or not np.any(np.asarray(grad) == 0):
+            return zero
+        return break_symmetry(zero, grad, key, scale)
     if info.init_values is None:
         raise ValueError(
             "the warmup's mode search starts at the unconstrained zero point, where the model's "
@@ -250,7 +313,7 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
         lambda x, a, k: mb.full_value_and_grad_fn(unravel, a, k, options.chunk_size)(x),
         model_args, model_kwargs,
     )
-    x = _start(full_vg, info, d, dtype)
+    x = _start(full_vg, info, d, dtype, random.fold_in(key_probe, 1), options.symmetry_jitter)
     if options.optimizer_steps > 0:
         mb_opt = _optimizer_minibatcher(mb, options.batch_size)
         adam = jit_with_data(
@@ -278,22 +341,28 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
     converged, taken = False, 0
     while taken < options.newton_steps:
         taken += 1
-        step, sd, damped = damped_newton_step(curvature(x), np.asarray(grad, np.float64))
-        if not damped and np.all(np.abs(step) <= options.tolerance * sd):
+        curv = curvature(x)
+        step, sd, damped = damped_newton_step(curv, np.asarray(grad, np.float64))
+        tol = options.tolerance if curv.ndim == 2 else max(options.tolerance, options.diagonal_tolerance)
+        if not damped and np.all(np.abs(step) <= tol * sd):
             converged = True
             break
         x, value, grad, ok = _line_search(full_vg, x, value, step, dtype)
         if not ok:
             break
     neg_h = curvature(x)
+    stiffness = 1.0
     if neg_h.ndim == 2:
         precond = _dense_or_fallback(neg_h, dtype)
     else:
-        precond = Preconditioner(scale=jnp.asarray(1.0 / np.sqrt(_positive(neg_h)), dtype))
+        scale = jnp.asarray(1.0 / np.sqrt(_positive(neg_h)), dtype)
+        stiffness = whitened_top_eigenvalue(lambda v: -hvp(x, v), scale, random.fold_in(key_probe, 2))
+        shrink = np.sqrt(max(2.0 * stiffness - 1.0, 1.0)) if options.stabilise_diagonal else 1.0
+        precond = Preconditioner(scale=scale / jnp.asarray(shrink, dtype))
     return ModeFit(
         mode=jnp.asarray(x, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value),
         preconditioner=precond, converged=converged, newton_steps=taken,
-        seconds=time.perf_counter() - start_time,
+        seconds=time.perf_counter() - start_time, stiffness=float(stiffness),
     )
 
 
