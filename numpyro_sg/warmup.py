@@ -57,10 +57,15 @@ __all__ = ["WarmupOptions", "ModeFit", "find_mode", "starting_points", "laplace_
 class WarmupOptions:
     """Settings of the warmup's mode search (see the module docstring).
 
-    :param int optimizer_steps: Adam steps on mini-batches (0 skips the phase).
+    :param int optimizer_steps: Adam steps on mini-batches (0 skips the phase); default 500,
+        or 2,000 above ``dense_max`` coordinates (where the diagonal Newton refinement cannot
+        repair a poor optimum).
     :param float learning_rate: Adam's initial learning rate (cosine-decayed to 1% of it).
     :param batch_size: mini-batch size of the optimizer (default: the plate's n, at least
-        1,000, at most N).
+        1,000, at most N; above ``dense_max`` coordinates also at least enough for
+        ``large_d_epochs`` passes over the data, as each parameter of a model with many
+        parameters — a row of a factor matrix — is informed by few rows of each batch).
+    :param int large_d_epochs: see ``batch_size`` (default 100).
     :param int newton_steps: at most this many full-data Newton steps.
     :param float tolerance: Newton has converged when every step component is below this
         many Laplace sds.
@@ -77,6 +82,10 @@ class WarmupOptions:
         diagonal only, a preconditioned gradient step that converges slowly on coupled
         coordinates (matrix factorisation); it has converged when every step component is
         below this many Laplace sds (default 0.25: a start well inside the posterior).
+    :param int hutchinson_probes: Rademacher probes of the Hutchinson diagonal (above
+        ``dense_max``); its relative error per coordinate is about
+        √(Σ_{l≠j} H_jl² / probes)/|H_jj|, and an underestimated curvature makes a coordinate's
+        scale too wide (large λ below), so more probes than the usual 16.
     :param bool stabilise_diagonal: divide the diagonal Laplace scales by √(2λ − 1), λ the
         top eigenvalue of the whitened −H (power iteration on Hessian-vector products), so
         that a step size in preconditioner units is about as stable along the stiffest
@@ -85,7 +94,7 @@ class WarmupOptions:
         for curvature growing away from the mode — BAOAB's default diverged on BPMF with √λ).
     """
 
-    optimizer_steps: int = 500
+    optimizer_steps: int | None = None
     learning_rate: float = 0.05
     batch_size: int | None = None
     newton_steps: int = 8
@@ -98,6 +107,21 @@ class WarmupOptions:
     symmetry_jitter: float = 0.1
     diagonal_tolerance: float = 0.25
     stabilise_diagonal: bool = True
+    hutchinson_probes: int = 64
+    large_d_epochs: int = 100
+
+    def optimizer_plan(self, d: int, sizes) -> tuple:
+        """``(steps, {plate size N: batch size})`` of the Adam phase for a model with d
+        coordinates and plates of sizes N (module docstring; defaults depend on d)."""
+        large = d > self.dense_max
+        steps = self.optimizer_steps if self.optimizer_steps is not None else (2000 if large else 500)
+        batches = {}
+        for N, n in sizes:
+            b = self.batch_size or max(n, 1000)
+            if large and self.batch_size is None and steps > 0:
+                b = max(b, -(-self.large_d_epochs * N // steps))
+            batches[N] = int(min(b, N))
+        return steps, batches
 
     @classmethod
     def of(cls, value) -> "WarmupOptions":
@@ -156,20 +180,16 @@ def laplace_preconditioner(neg_hessian: np.ndarray, dtype=jnp.float32) -> Precon
     return Preconditioner(chol=jnp.asarray(L, dtype))
 
 
-def _optimizer_minibatcher(mb: Minibatcher, batch_size):
-    plates = []
-    for p in mb.plates:
-        n = batch_size or max(p.subsample_size, 1000)
-        plates.append(dataclasses.replace(p, subsample_size=int(min(n, p.size))))
+def _optimizer_minibatcher(mb: Minibatcher, batches: dict):
+    plates = [dataclasses.replace(p, subsample_size=batches[p.size]) for p in mb.plates]
     return Minibatcher(mb.model, plates, replace=True)
 
 
-def _adam(flat_ld, mb_opt: Minibatcher, start, options: WarmupOptions, key):
+def _adam(flat_ld, mb_opt: Minibatcher, start, options: WarmupOptions, key, steps):
     """``optimizer_steps`` Adam steps maximising the mini-batch log density (a ``lax.scan``).
 
     ``flat_ld(x, indices)`` is the flat mini-batch log density; call inside ``jit``.
     """
-    steps = options.optimizer_steps
     schedule = optax.cosine_decay_schedule(options.learning_rate, max(steps, 1), alpha=0.01)
     opt = optax.adam(schedule)
 
@@ -314,10 +334,11 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
         model_args, model_kwargs,
     )
     x = _start(full_vg, info, d, dtype, random.fold_in(key_probe, 1), options.symmetry_jitter)
-    if options.optimizer_steps > 0:
-        mb_opt = _optimizer_minibatcher(mb, options.batch_size)
+    steps, batches = options.optimizer_plan(d, [(p.size, p.subsample_size) for p in mb.plates])
+    if steps > 0:
+        mb_opt = _optimizer_minibatcher(mb, batches)
         adam = jit_with_data(
-            lambda x, key, a, k: _adam(flat_log_density(a, k), mb_opt, x, options, key),
+            lambda x, key, a, k: _adam(flat_log_density(a, k), mb_opt, x, options, key, steps),
             model_args, model_kwargs,
         )
         x = adam(x, key_opt)
@@ -336,7 +357,7 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
         )
 
         def curvature(y):
-            return -np.asarray(_hutchinson_diagonal(hvp, y, key_probe), np.float64)
+            return -np.asarray(_hutchinson_diagonal(hvp, y, key_probe, options.hutchinson_probes), np.float64)
 
     converged, taken = False, 0
     while taken < options.newton_steps:
