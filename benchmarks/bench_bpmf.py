@@ -36,11 +36,12 @@ def main():
     ap.add_argument("--warmup", type=int, default=1000)
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--subsample", type=int, default=1000)
+    ap.add_argument("--step-size", type=float, default=None, help="default: the kernel's")
     args = ap.parse_args()
     data = ds.simulate_ratings(args.users, args.items, args.rank, args.ratings, args.noise_sd)
     model = partial(ds.bpmf_model, **data.model_kwargs(
         rank=args.rank, subsample_size=args.subsample, noise_precision=1.0 / args.noise_sd**2))
-    kernel = getattr(nsg, args.kernel)(model)
+    kernel = getattr(nsg, args.kernel)(model, step_size=args.step_size)
     mcmc = MCMC(kernel, num_warmup=args.warmup, num_samples=args.samples, progress_bar=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -59,7 +60,7 @@ def main():
                             data.test_users, data.test_items)
     fit = kernel.mode_fit
     print(json.dumps(dict(
-        kernel=args.kernel, d=int(fit.mode.shape[0]), n_train=data.num_train,
+        kernel=args.kernel, step_size=args.step_size, d=int(fit.mode.shape[0]), n_train=data.num_train,
         warmup_fit_s=round(fit.seconds, 1), warmup_total_s=round(t1 - t0, 1),
         sampling_s=round(t2 - t1, 1), it_per_s=round(args.samples / (t2 - t1), 1),
         rmse_mean=float(trace.rmse_average.iloc[-1]), rmse_last_draw=float(trace.rmse_sample.iloc[-1]),

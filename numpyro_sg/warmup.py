@@ -18,8 +18,9 @@ Before the chains start (inside the kernel's ``init``, so it counts in ``MCMC.ru
 
 The result, a :class:`ModeFit`, gives the Laplace covariance Σ̂ = (−H)⁻¹ at the mode as a
 :class:`~numpyro_sg.preconditioner.Preconditioner` (a dense square root for up to
-``dense_max`` coordinates; above that the diagonal of a Hutchinson estimate of −H from a few
-Hessian-vector products, never a d×d matrix, shrunk by √(2λ − 1) where λ is the top eigenvalue
+``dense_max`` coordinates; above that a diagonal — the likelihood's Fisher diagonal from group
+gradients plus a Hutchinson estimate of the prior's Hessian diagonal (Hessian-vector
+products), never a d×d matrix — shrunk by √(2λ − 1) where λ is the top eigenvalue
 of the whitened −H found by power iteration, so that steps in its units stay stable on coupled
 coordinates), and the control-variate anchor (θ̂ and its
 full-data gradient).  :func:`starting_points` starts the chains at θ̂ + ``jitter``·L·ξ,
@@ -82,10 +83,17 @@ class WarmupOptions:
         diagonal only, a preconditioned gradient step that converges slowly on coupled
         coordinates (matrix factorisation); it has converged when every step component is
         below this many Laplace sds (default 0.25: a start well inside the posterior).
-    :param int hutchinson_probes: Rademacher probes of the Hutchinson diagonal (above
-        ``dense_max``); its relative error per coordinate is about
-        √(Σ_{l≠j} H_jl² / probes)/|H_jj|, and an underestimated curvature makes a coordinate's
-        scale too wide (large λ below), so more probes than the usual 16.
+    :param int hutchinson_probes: Rademacher probes of the Hutchinson diagonal of the
+        preconditioner (above ``dense_max``; the Newton steps use 16); its relative error per
+        coordinate is about √(Σ_{l≠j} H_jl² / probes)/|H_jj|.
+    :param int fisher_group_size: rows per group of the Fisher diagonal.
+    :param str diagonal: the preconditioner's curvature diagonal above ``dense_max`` coordinates:
+        ``"fisher"`` (default with one subsample plate: the likelihood's Fisher diagonal
+        from group gradients, :meth:`~numpyro_sg.minibatch.Minibatcher.fisher_diagonal`, plus
+        a Hutchinson estimate of the prior's alone) or ``"hutchinson"`` (Hutchinson on the
+        whole Hessian: noisy for coordinates coupled to many others, which then get too wide
+        a scale — on BPMF it underestimated some factors' curvature 16-fold and SGLD
+        diverged).  The Newton steps use a 16-probe Hutchinson diagonal either way.
     :param bool stabilise_diagonal: divide the diagonal Laplace scales by √(2λ − 1), λ the
         top eigenvalue of the whitened −H (power iteration on Hessian-vector products), so
         that a step size in preconditioner units is about as stable along the stiffest
@@ -108,6 +116,8 @@ class WarmupOptions:
     diagonal_tolerance: float = 0.25
     stabilise_diagonal: bool = True
     hutchinson_probes: int = 64
+    diagonal: str = "fisher"
+    fisher_group_size: int = 32
     large_d_epochs: int = 100
 
     def optimizer_plan(self, d: int, sizes) -> tuple:
@@ -224,7 +234,10 @@ def _line_search(full_vg, x, value, step, dtype, halvings=10):
     return x, value, full_vg(x)[1], False
 
 
-def whitened_top_eigenvalue(neg_hvp, scale, key, num_iterations: int = 15) -> float:
+_TRACE = False
+
+
+def whitened_top_eigenvalue(neg_hvp, scale, key, num_iterations: int = 60) -> float:
     """Largest eigenvalue of S·(−H)·S, S = diag(``scale``), by power iteration on
     Hessian-vector products ``neg_hvp(v) = −H·v`` (d-vectors only, never a d×d matrix).
 
@@ -239,6 +252,8 @@ def whitened_top_eigenvalue(neg_hvp, scale, key, num_iterations: int = 15) -> fl
     for _ in range(num_iterations):
         w = scale * neg_hvp(scale * v)
         lam = float(jnp.vdot(v, w))
+        if _TRACE:
+            print("power", lam)
         norm = jnp.linalg.norm(w)
         if not np.isfinite(float(norm)) or float(norm) == 0.0:
             return 1.0
@@ -328,6 +343,10 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
         log_density = mb.log_density_fn(args, kwargs)
         return lambda x, idx: log_density(unravel(x), idx)
 
+    def flat_prior(args, kwargs):
+        prior = mb.prior_log_density_fn(args, kwargs)
+        return lambda x: prior(unravel(x))
+
     # the data are arguments of the compiled programs, not constants baked into them
     full_vg = jit_with_data(
         lambda x, a, k: mb.full_value_and_grad_fn(unravel, a, k, options.chunk_size)(x),
@@ -357,7 +376,8 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
         )
 
         def curvature(y):
-            return -np.asarray(_hutchinson_diagonal(hvp, y, key_probe, options.hutchinson_probes), np.float64)
+            return -np.asarray(_hutchinson_diagonal(hvp, y, key_probe), np.float64)
+
 
     converged, taken = False, 0
     while taken < options.newton_steps:
@@ -371,7 +391,18 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
         x, value, grad, ok = _line_search(full_vg, x, value, step, dtype)
         if not ok:
             break
-    neg_h = curvature(x)
+    if (d > options.dense_max and options.diagonal == "fisher" and len(mb.plates) == 1):
+        fisher = jit_with_data(
+            lambda y, a, k: mb.fisher_diagonal(flat_log_density(a, k), flat_prior(a, k), y, sub,
+                                               group_size=options.fisher_group_size),
+            model_args, model_kwargs)
+        prior_hvp = jit_with_data(
+            lambda y, v, a, k: jax.jvp(jax.grad(flat_prior(a, k)), (y,), (v,))[1],
+            model_args, model_kwargs)
+        prior = _hutchinson_diagonal(prior_hvp, x, key_probe, options.hutchinson_probes)
+        neg_h = np.asarray(fisher(x), np.float64) - np.asarray(prior, np.float64)
+    else:
+        neg_h = curvature(x)
     stiffness = 1.0
     if neg_h.ndim == 2:
         precond = _dense_or_fallback(neg_h, dtype)
