@@ -46,12 +46,12 @@ from jax import random
 from jax.flatten_util import ravel_pytree
 
 from numpyro_sg.laplace import damped_newton_step
-from numpyro_sg.minibatch import Minibatcher, draw_with_replacement, jit_with_data
+from numpyro_sg.minibatch import Anchor, Minibatcher, draw_with_replacement, jit_with_data, noise_groups
 from numpyro_sg.model_info import ModelInfo
 from numpyro_sg.preconditioner import Preconditioner, from_working
 
 __all__ = ["WarmupOptions", "ModeFit", "find_mode", "starting_points", "laplace_preconditioner",
-           "break_symmetry", "whitened_top_eigenvalue"]
+           "break_symmetry", "whitened_top_eigenvalue", "noise_heat_of"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,15 @@ class WarmupOptions:
         whole Hessian: noisy for coordinates coupled to many others, which then get too wide
         a scale — on BPMF it underestimated some factors' curvature 16-fold and SGLD
         diverged).  The Newton steps use a 16-probe Hutchinson diagonal either way.
+    :param max_noise_heat: above ``dense_max`` coordinates, the diagonal scales are further
+        divided by √(h/``max_noise_heat``) when the gradient-noise heat h (see
+        :attr:`ModeFit.noise_heat`; τ̂ of the control-variate gradient at ``noise_points``
+        draws from the diagonal Laplace approximation, in the working frame) exceeds it.  On
+        a sparse model (matrix factorisation: a user's gradient rests on a fraction of a
+        rating per batch, scaled by N/n) the mini-batch noise in the working frame is large;
+        Langevin-type kernels then run hot, drift away from the anchor, where the
+        control-variate noise grows further, and diverge.  ``None`` disables it.
+    :param int noise_points: see ``max_noise_heat``.
     :param bool stabilise_diagonal: divide the diagonal Laplace scales by √(2λ − 1), λ the
         top eigenvalue of the whitened −H (power iteration on Hessian-vector products), so
         that a step size in preconditioner units is about as stable along the stiffest
@@ -119,6 +128,8 @@ class WarmupOptions:
     diagonal: str = "fisher"
     fisher_group_size: int = 32
     large_d_epochs: int = 100
+    max_noise_heat: float | None = 0.1
+    noise_points: int = 4
 
     def optimizer_plan(self, d: int, sizes) -> tuple:
         """``(steps, {plate size N: batch size})`` of the Adam phase for a model with d
@@ -163,6 +174,9 @@ class ModeFit:
     :ivar stiffness: λ, the top eigenvalue of the whitened −H for a diagonal preconditioner
         (:func:`whitened_top_eigenvalue`; 1 for a dense one); the diagonal scales were divided
         by √(2λ − 1) (``WarmupOptions.stabilise_diagonal``).
+    :ivar noise_heat: h, the 90% quantile over coordinates of τ̂_w²/4 — the extra variance a
+        unit Langevin step gets from the control-variate gradient noise, relative to its
+        injected noise — with that preconditioner (before ``max_noise_heat`` shrank it).
     """
 
     mode: Any
@@ -173,6 +187,7 @@ class ModeFit:
     newton_steps: int
     seconds: float
     stiffness: float = 1.0
+    noise_heat: float = 0.0
 
     @property
     def scales(self) -> np.ndarray:
@@ -259,6 +274,23 @@ def whitened_top_eigenvalue(neg_hvp, scale, key, num_iterations: int = 60) -> fl
             return 1.0
         v = w / norm
     return max(lam, 1.0)
+
+
+def noise_heat_of(tau_working) -> float:
+    """h = 90% quantile over coordinates of τ_w²/4: the variance a Langevin step of unit size
+    (ε = 1 in the working frame) gets from gradient noise of sd τ_w, (ε/2)²·τ_w², relative to
+    its injected variance ε."""
+    return float(np.quantile(np.asarray(tau_working, np.float64) ** 2 / 4.0, 0.9))
+
+
+def _cv_noise_sd(mb: Minibatcher, flat_ld, y, key, anchor_point, anchor_grad):
+    """τ̂ of the control-variate gradient at ``y`` on one random batch (group means at large
+    n·d)."""
+    (plate,) = mb.plates
+    n = plate.subsample_size
+    idx = {plate.name: draw_with_replacement(key, plate.size, n)}
+    k = noise_groups(n, y.shape[0])
+    return mb.value_grad_noise(flat_ld, y, idx, anchor=Anchor(anchor_point, anchor_grad), groups=k)[2]
 
 
 def _positive(curvature):
@@ -403,18 +435,30 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
         neg_h = np.asarray(fisher(x), np.float64) - np.asarray(prior, np.float64)
     else:
         neg_h = curvature(x)
-    stiffness = 1.0
+    stiffness, noise_heat = 1.0, 0.0
     if neg_h.ndim == 2:
         precond = _dense_or_fallback(neg_h, dtype)
     else:
         scale = jnp.asarray(1.0 / np.sqrt(_positive(neg_h)), dtype)
         stiffness = whitened_top_eigenvalue(lambda v: -hvp(x, v), scale, random.fold_in(key_probe, 2))
         shrink = np.sqrt(max(2.0 * stiffness - 1.0, 1.0)) if options.stabilise_diagonal else 1.0
+        if options.max_noise_heat is not None and len(mb.plates) == 1:
+            noise_sd = jit_with_data(
+                lambda y, key, a, k: _cv_noise_sd(mb, flat_log_density(a, k), y, key, x, grad),
+                model_args, model_kwargs)
+            points = [x + scale * random.normal(random.fold_in(key_probe, 10 + j), x.shape, dtype)
+                      for j in range(options.noise_points)]
+            tau = np.sqrt(np.mean([np.asarray(noise_sd(p, random.fold_in(key_probe, 20 + j)), np.float64) ** 2
+                                   for j, p in enumerate(points)], axis=0))
+            noise_heat = noise_heat_of(tau * np.asarray(scale, np.float64) / shrink)
+            if noise_heat > options.max_noise_heat:
+                shrink *= np.sqrt(noise_heat / options.max_noise_heat)
         precond = Preconditioner(scale=scale / jnp.asarray(shrink, dtype))
     return ModeFit(
         mode=jnp.asarray(x, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value),
         preconditioner=precond, converged=converged, newton_steps=taken,
         seconds=time.perf_counter() - start_time, stiffness=float(stiffness),
+        noise_heat=float(noise_heat),
     )
 
 

@@ -523,7 +523,10 @@ class GradientKernel(SGKernel):
 
     def _run_report(self, mcmc) -> list:
         fit, m = self._fit, getattr(mcmc.last_state, "moments", None)
-        if fit is None or m is None:
+        if fit is None or m is None or fit.mode.shape[0] > self.warmup_options.dense_max:
+            # a diagonal Laplace preconditioner (d > dense_max) ignores the correlations and
+            # is shrunk for stability (WarmupOptions.stabilise_diagonal): it is no posterior
+            # approximation to measure the draws against, so the misfit is not reported
             return []
         d = fit.mode.shape[0]
         counts = np.asarray(m.count).reshape(-1)
