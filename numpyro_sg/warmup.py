@@ -65,7 +65,8 @@ class WarmupOptions:
     :param batch_size: mini-batch size of the optimizer (default: the plate's n, at least
         1,000, at most N; above ``dense_max`` coordinates also at least enough for
         ``large_d_epochs`` passes over the data, as each parameter of a model with many
-        parameters — a row of a factor matrix — is informed by few rows of each batch).
+        parameters — a row of a factor matrix — is informed by few rows of each batch — but
+        at most 16 times the small-d default).
     :param int large_d_epochs: see ``batch_size`` (default 100).
     :param int newton_steps: at most this many full-data Newton steps.
     :param float tolerance: Newton has converged when every step component is below this
@@ -139,8 +140,8 @@ class WarmupOptions:
         batches = {}
         for N, n in sizes:
             b = self.batch_size or max(n, 1000)
-            if large and self.batch_size is None and steps > 0:
-                b = max(b, -(-self.large_d_epochs * N // steps))
+            if large and self.batch_size is None and steps > 0:  # at most 16 × the default
+                b = max(b, min(-(-self.large_d_epochs * N // steps), 16 * b))
             batches[N] = int(min(b, N))
         return steps, batches
 
