@@ -1,4 +1,8 @@
-"""Simulators for the papers' experiments and the matching NumPyro models."""
+"""Simulators for the papers' experiments and the matching NumPyro models.
+
+The matrix-factorisation models, ratings simulator and loaders (paper 001 §5.3) live in
+:mod:`numpyro_sg.ratings` and are re-exported here.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,18 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+
+from numpyro_sg.ratings import (
+    Ratings,
+    bpmf_model,
+    bpmf_predict,
+    load_movielens,
+    ppmf_model,
+    ratings_from_dataframe,
+    rmse_trace,
+    simulate_ratings,
+    split_ratings,
+)
 
 __all__ = [
     "simulate_logistic_regression",
@@ -18,6 +34,16 @@ __all__ = [
     "simulate_sparse_logistic",
     "sparse_async_linear_model",
     "sparse_async_logistic_model",
+    # matrix factorisation (numpyro_sg.ratings)
+    "Ratings",
+    "split_ratings",
+    "ratings_from_dataframe",
+    "load_movielens",
+    "simulate_ratings",
+    "bpmf_model",
+    "ppmf_model",
+    "bpmf_predict",
+    "rmse_trace",
 ]
 
 

@@ -10,7 +10,8 @@ Everything the stochastic-gradient kernels need to know about a model's data liv
 * :class:`Minibatcher` draws those indices inside ``jit`` in O(n) per iteration (with
   replacement, the default, or without replacement by walking a per-epoch permutation) and
   evaluates the scaled mini-batch log density, its gradient — plain, or with control variates
-  around an :class:`Anchor` — and the gradient-noise sd from per-datum gradients.
+  around an :class:`Anchor` — and the gradient-noise sd from per-datum gradients, or, at large
+  n·d, from the spread of k group-mean gradients (:func:`noise_groups`: memory O(n + k·d)).
 
 Conventions (SPEC §2): log π(θ) = log p(θ) + Σ_i log f(x_i | θ); the mini-batch estimator
 ĝ(θ) = ∇ log p(θ) + (N/n) Σ_{i∈S} ∇ log f(x_i | θ) is the gradient of the model's log density
@@ -19,6 +20,14 @@ traced with index set S.  The control-variate estimator (Baker et al. 2019) is
 full-data gradient.  The gradient-noise sd of coordinate j is the sd of the estimator,
 τ̂_j = (N/√n)·sd_{i∈S}(∂_j log f(x_i | θ)) (of the differences ∂_j log f(x_i|θ) − ∂_j log f(x_i|θ̂)
 with control variates), times √(1 − n/N) without replacement.
+
+At large n·d the n×d matrix of per-datum gradients is not affordable (d = 10⁵, n = 1,000:
+400 MB per step).  The batch S is then split into k disjoint groups S_1..S_k of m = n/k indices
+and each group's estimator g_g = ∇ log p(θ) + (N/m) Σ_{i∈S_g} ∇ log f(x_i | θ) is evaluated
+(a ``vmap`` over k index sets: memory O(n + k·d)).  Their mean is ĝ exactly, and
+Var(g_g) = N²σ²/m = k·Var(ĝ), so τ̂_j = sd_g(g_{g,j})/√k — the per-datum formula with datum →
+group (k = n recovers it).  It has k − 1 degrees of freedom instead of n − 1; the kernels
+smooth τ̂ with an EMA over iterations (``noise_ema_weight``), which restores the precision.
 """
 
 from __future__ import annotations
@@ -54,7 +63,39 @@ __all__ = [
     "Anchor",
     "GradientEstimate",
     "jit_with_data",
+    "noise_groups",
+    "MAX_GROUPS",
+    "PER_DATUM_MAX",
 ]
+
+#: the group-mean noise estimate uses at most this many groups (largest divisor of n up to it)
+MAX_GROUPS = 16
+#: per-datum gradients (exact small-d behaviour) while n·d is at most this (4 MB of float32)
+PER_DATUM_MAX = 1_000_000
+
+
+def noise_groups(n: int, d: int, groups: int | None = None) -> int:
+    """Number k of groups the batch of n indices is split into for the gradient-noise sd τ̂.
+
+    ``groups`` forces k (it must divide n).  By default k = n (per-datum gradients, exact)
+    while n·d ≤ :data:`PER_DATUM_MAX`; above, the largest divisor of n in [4, MAX_GROUPS]
+    (memory O(k·d) instead of O(n·d)); when n has none (e.g. n prime) k = n with a warning-free
+    fall-back to per-datum gradients — choose n with a small divisor (any multiple of 4 works).
+
+    >>> noise_groups(1000, 10), noise_groups(1000, 50_000), noise_groups(800, 10**5, 10)
+    (1000, 10, 10)
+    """
+    if groups is not None:
+        groups = int(groups)
+        if groups < 2 or n % groups:
+            raise ValueError(f"noise groups must be ≥ 2 and divide the batch size n={n}; got {groups}.")
+        return groups
+    if n * d <= PER_DATUM_MAX:
+        return n
+    for k in range(min(MAX_GROUPS, n), 3, -1):
+        if n % k == 0:
+            return k
+    return n
 
 
 @dataclass(frozen=True)
@@ -421,8 +462,8 @@ class Minibatcher:
         return log_density
 
     def value_grad_noise(self, log_density, params, indices, anchor: Anchor | None = None,
-                         to_working: Callable | None = None):
-        """Log density, ĝ and the gradient-noise sd τ̂ from per-datum gradients (flat).
+                         to_working: Callable | None = None, groups: int | None = None):
+        """Log density, ĝ and the gradient-noise sd τ̂ from per-datum (or per-group) gradients.
 
         ``log_density(params, indices)`` is a log density as returned by
         :meth:`log_density_fn` (``params`` any pytree; a flat vector when ``anchor`` is given).  Evaluates it on one datum at a time
@@ -434,13 +475,21 @@ class Minibatcher:
         control-variate ĝ_cv = ∇ log π(θ̂) + mean_i (g_i(θ) − g_i(θ̂)) and its noise.
         ``to_working`` maps the (n, d) per-datum gradients into the working frame of a
         preconditioner before their sd is taken.  Requires a single subsample plate.
+
+        ``groups`` k (see :func:`noise_groups`; default k = n, per datum): the n indices are
+        split into k disjoint groups of n/k and the same formulas apply to the k group
+        estimators (τ̂ = sd_g(g_g)/√k): memory O(n + k·d) instead of O(n·d).
         """
         (plate,) = self.plates
         idx = indices[plate.name]
         n = idx.shape[0]
+        k = n if groups is None else int(groups)
+        if n % k:
+            raise ValueError(f"noise groups k={k} must divide the batch size n={n}.")
+        idx = idx.reshape(k, n // k)
 
         def one(p, i):
-            value, grad = jax.value_and_grad(log_density)(p, {plate.name: i[None]})
+            value, grad = jax.value_and_grad(log_density)(p, {plate.name: i})
             return value, ravel_pytree(grad)[0]
 
         def per_datum(p):
@@ -455,23 +504,27 @@ class Minibatcher:
             ghat = anchor.grad + g.mean(0)
         value = values.mean()
         g_work = g if to_working is None else to_working(g)
-        tau = jnp.std(g_work, axis=0, ddof=1 if n > 1 else 0) / jnp.sqrt(n)
+        tau = jnp.std(g_work, axis=0, ddof=1 if k > 1 else 0) / jnp.sqrt(k)
         tau = tau * jnp.sqrt(self.fraction_unsampled)
         return value, ghat, tau
 
     def estimate(self, flat_log_density, flat, indices, *, anchor: Anchor | None = None,
-                 noise: bool = False, to_working: Callable | None = None) -> GradientEstimate:
+                 noise: bool = False, to_working: Callable | None = None,
+                 groups: int | None = None) -> GradientEstimate:
         """The stochastic gradient at the flat point ``flat`` on the mini-batch ``indices``.
 
         ``flat_log_density(x, indices)`` takes a flat unconstrained vector.  Plain (``anchor``
         ``None``): ĝ = ∇ of the mini-batch log density.  With an :class:`Anchor`: the
         control-variate ĝ_cv = ∇ log π(θ̂) + ĝ(θ) − ĝ(θ̂) on the same indices (both points in
         one vectorised evaluation).  ``noise=True`` adds τ̂ from per-datum gradients (see
-        :meth:`value_grad_noise`); otherwise ``noise_sd`` is NaN.
+        :meth:`value_grad_noise`, with ``groups`` groups; default :func:`noise_groups`);
+        otherwise ``noise_sd`` is NaN.
         """
         if noise:
+            (plate,) = self.plates
+            k = noise_groups(plate.subsample_size, flat.shape[0], groups)
             value, grad, tau = self.value_grad_noise(
-                flat_log_density, flat, indices, anchor=anchor, to_working=to_working
+                flat_log_density, flat, indices, anchor=anchor, to_working=to_working, groups=k
             )
             return GradientEstimate(value, grad, tau)
         vg = jax.value_and_grad(flat_log_density)
@@ -511,6 +564,58 @@ class Minibatcher:
             return jax.vmap(one)(X, random.split(rng_key, X.shape[0]))
 
         return jit_with_data(estimate_all, model_args, model_kwargs)
+
+    def prior_log_density_fn(self, model_args=(), model_kwargs=None) -> Callable:
+        """``params -> log p(θ)`` (+ log-Jacobian): the model with every site inside the
+        subsample plates given weight 0 (the plates run on one datum)."""
+        model_kwargs = model_kwargs or {}
+        names = {p.name for p in self.plates}
+        one = {p.name: jnp.arange(1, dtype=jnp.int32) for p in self.plates}
+
+        def prior_log_density(params):
+            return -potential_energy(without_plate_sites(with_indices(self.model, one), names),
+                                     model_args, model_kwargs, params)
+
+        return prior_log_density
+
+    def fisher_diagonal(self, log_density, prior_log_density, x, indices, group_size: int = 8,
+                        block: int = 64):
+        """Diagonal of the (centred) Fisher information N·Var_i(∇ log f(x_i | θ)) of the
+        likelihood at the flat point ``x``, from the rows ``indices`` (one plate).
+
+        The rows are split into G groups of c = ``group_size``; each group's gradient gives
+        its likelihood sum L_g = (c/N)·(ĝ_g − ∇ log p) and Var_g(L_g) = c·Var_i(∇ log f_i)
+        (rows drawn at random: cross terms between two rows of a group average out in the
+        centred variance), so the estimate is N·Var_g(L_g)/c per coordinate.  Unlike a
+        Hutchinson estimate of diag(H) it has no cross-coordinate noise (a coordinate's
+        estimate involves only the rows that touch it), so it stays positive and accurate
+        for coupled coordinates (matrix factorisation).  Groups are visited ``block`` at a
+        time in a ``lax.scan``: memory O(block·d), never O(N·d).  G is rounded down to a
+        multiple of ``block`` (all rows when there are fewer than c·block of them).
+
+        ``log_density(x, indices)`` and ``prior_log_density(x)`` take the flat point.
+        """
+        (plate,) = self.plates
+        N = plate.size
+        idx = indices[plate.name]
+        c = int(max(1, min(group_size, idx.shape[0] // 2)))
+        G = idx.shape[0] // c
+        B = int(min(block, G))
+        nb = G // B
+        groups = idx[: nb * B * c].reshape(nb, B, c)
+        g_prior = jax.grad(prior_log_density)(x)
+
+        def body(carry, blk):
+            s1, s2 = carry
+            g = jax.vmap(lambda i: jax.grad(log_density)(x, {plate.name: i}))(blk)
+            L = (g - g_prior) * (c / N)
+            return (s1 + L.sum(0), s2 + (L**2).sum(0)), None
+
+        zeros = jnp.zeros_like(x)
+        (s1, s2), _ = jax.lax.scan(body, (zeros, zeros), groups)
+        n_groups = nb * B
+        var = (s2 - s1**2 / n_groups) / max(n_groups - 1, 1)
+        return N * jnp.maximum(var, 0.0) / c
 
     def full_value_and_grad_fn(self, unravel, model_args=(), model_kwargs=None,
                                chunk_size: int = 65536) -> Callable:

@@ -322,6 +322,12 @@ class GradientKernel(SGKernel):
     :param warmup_options: a :class:`~numpyro_sg.warmup.WarmupOptions` (or a dict of its
         fields) for the mode search, or a :class:`~numpyro_sg.warmup.ModeFit` computed before
         (reused as is).
+
+    Memory per step is O(n·k + d) at any d: the gradient-noise sd τ̂ (when the kernel needs it)
+    comes from per-datum gradients only while n·d ≤ 10⁶, else from k ≤ 16 group means
+    (attribute ``noise_groups``, :func:`numpyro_sg.minibatch.noise_groups`); the Laplace
+    preconditioner is diagonal above ``warmup_options.dense_max`` coordinates (Hutchinson
+    estimate from Hessian-vector products, never a d×d matrix).
     """
 
     #: the keyword arguments every gradient kernel passes to this class's ``__init__``
@@ -360,6 +366,9 @@ class GradientKernel(SGKernel):
             )
         self.step_size = step_size
         self.estimate_noise = False
+        #: groups k of the gradient-noise estimate τ̂ (``None``: per datum at small n·d, else
+        #: up to 16 group means; :func:`numpyro_sg.minibatch.noise_groups`); set before ``run``
+        self.noise_groups = None
         self._fit_key = None
 
     @classmethod
@@ -522,7 +531,10 @@ class GradientKernel(SGKernel):
 
     def _run_report(self, mcmc) -> list:
         fit, m = self._fit, getattr(mcmc.last_state, "moments", None)
-        if fit is None or m is None:
+        if fit is None or m is None or fit.mode.shape[0] > self.warmup_options.dense_max:
+            # a diagonal Laplace preconditioner (d > dense_max) ignores the correlations and
+            # is shrunk for stability (WarmupOptions.stabilise_diagonal): it is no posterior
+            # approximation to measure the draws against, so the misfit is not reported
             return []
         d = fit.mode.shape[0]
         counts = np.asarray(m.count).reshape(-1)
@@ -556,7 +568,7 @@ class GradientKernel(SGKernel):
 
         return self._mb.estimate(
             flat_log_density, flat, indices, anchor=anchor, noise=self.estimate_noise,
-            to_working=lambda G: rows_to_working(precond, G),
+            to_working=lambda G: rows_to_working(precond, G), groups=self.noise_groups,
         )
 
     def step(self, state, model_args, model_kwargs):
