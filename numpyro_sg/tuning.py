@@ -546,7 +546,7 @@ class _Scorer:
                 "mixed": ess >= MIN_ESS, "diverged": False, "stein": (x, s)}
 
     def _score_plain(self, pieces) -> dict:
-        z = jax.tree.map(lambda *v: np.concatenate([np.asarray(b).reshape((-1,) + b.shape[2:]) for b in v]), *pieces)
+        z = _pooled(pieces)
         keep = _even(jax.tree.leaves(z)[0].shape[0], self.score_draws)
         z = jax.tree.map(lambda v: v[keep], z)
         if callable(self.metric):
@@ -563,6 +563,17 @@ class _Scorer:
         value = float(fn(x, scores=s, preconditioner=self.scales, **self.ksd_options))
         return {"score": value, "ksd": value if self.metric == "ksd" else np.nan, "se": np.nan,
                 "ess": np.nan, "mixed": True, "diverged": False, "stein": (x, s)}
+
+
+def _pooled(pieces) -> dict:
+    """An arm's draws {site: (chains, draws, …)} (a list of pieces) as one sequence {site: (T, …)}."""
+    return jax.tree.map(lambda *v: np.concatenate([np.asarray(b).reshape((-1,) + b.shape[2:]) for b in v]),
+                        *pieces)
+
+
+def _num_draws(pieces) -> int:
+    """Kept draws of an arm, over its pieces and chains."""
+    return int(sum(np.prod(jax.tree.leaves(z)[0].shape[:2]) for z in pieces))
 
 
 def _unscored(diverged: bool = False) -> dict:
@@ -719,7 +730,7 @@ def _tune(make_kernel, grid, *, model_args, model_kwargs, time_budget, eta, metr
             rows.append({
                 "round": rnd, "arm": arm, **arms[arm],
                 "iterations": iters_this_round.get(arm, 0),
-                "draws": int(sum(np.prod(jax.tree.leaves(z)[0].shape[:2]) for z in pieces[arm])),
+                "draws": _num_draws(pieces[arm]),
                 "seconds": charged[arm] - sum(x["seconds"] for x in rows if x["arm"] == arm),
                 "ess": r["ess"], "ksd": r["ksd"], "se": r["se"], "score": r["score"],
                 "mixed": r["mixed"], "diverged": r["diverged"], "kept": arm in survivors,
@@ -745,8 +756,7 @@ def _tune(make_kernel, grid, *, model_args, model_kwargs, time_budget, eta, metr
         elapsed=time.perf_counter() - start_all, scales=scorer.scales, arms=arms,
         overhead=overhead, batches=batch_arms, eta=eta if halving else None, num_rounds=num_rounds,
         criterion=criterion, time_budget=float(time_budget), make_kernel=make_kernel,
-        mode_fit=scorer.fit, ess_per_iteration=float(results[best]["ess"]) / (thin * max(
-            sum(int(np.prod(jax.tree.leaves(z)[0].shape[:2])) for z in pieces[best]), 1)),
+        mode_fit=scorer.fit, ess_per_iteration=float(results[best]["ess"]) / (thin * max(_num_draws(pieces[best]), 1)),
     )
 
 
@@ -755,7 +765,7 @@ def _arm_idata(scorer: _Scorer, pieces, stein, seconds, metric, criterion):
     the draws it was scored on, on the common scale."""
     import arviz as az
 
-    z = jax.tree.map(lambda *v: np.concatenate([np.asarray(b).reshape((-1,) + b.shape[2:]) for b in v]), *pieces)
+    z = _pooled(pieces)
     samples = scorer.constrained(z)
     idata = az.from_dict(posterior={k: v[None] for k, v in samples.items()})
     idata.posterior.attrs["sampling_time"] = float(seconds)
