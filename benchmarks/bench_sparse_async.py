@@ -38,7 +38,7 @@ from numpyro.infer import MCMC
 
 import numpyro_sg as nsg
 from numpyro_sg import datasets as ds
-from numpyro_sg.selection import relative_error
+from numpyro_sg.results.selection import relative_error
 
 
 def _per_iteration(variant, X, y, truth, repeats=2, short=100, long=400, J=100, seed=0):

@@ -52,7 +52,7 @@ import numpyro.distributions as dist
 from numpyro.infer import HMCECS, MCMC, NUTS
 
 import numpyro_sg as nsg
-from numpyro_sg.minibatch import discover_plates, full_data
+from numpyro_sg.infer.minibatch import discover_plates, full_data
 
 SUBSAMPLE = 1000
 

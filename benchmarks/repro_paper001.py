@@ -20,7 +20,7 @@ from numpyro.infer import MCMC, init_to_uniform
 
 import numpyro_sg as nsg
 from numpyro_sg import datasets as ds
-from numpyro_sg.reproductions import plot_rmse_traces, plot_skew_bias, skew_normal_bias
+from numpyro_sg.datasets.reproductions import plot_rmse_traces, plot_skew_bias, skew_normal_bias
 
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
 

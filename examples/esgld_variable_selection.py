@@ -26,7 +26,8 @@ import jax
 import numpy as np
 from numpyro.infer import MCMC
 
-from numpyro_sg import ESGLD, datasets, selection
+from numpyro_sg import ESGLD, datasets
+from numpyro_sg.results import selection
 
 PAPER = {
     "linear": dict(FSR=0.0, NSR=0.0, MSE1=2.91e-3, MSE0=1.26e-7, minutes=3.3),

@@ -21,7 +21,7 @@ from numpyro.infer import MCMC
 
 import numpyro_sg as nsg
 from numpyro_sg import datasets
-from numpyro_sg.selection import inclusion_probabilities, relative_error
+from numpyro_sg.results.selection import inclusion_probabilities, relative_error
 
 
 def main(argv=None):

@@ -3,17 +3,17 @@
 from numpyro_sg.kernels import ESGLD, SGBD, SGLD, DivergenceWarning, SparseAsync, polynomial_schedule
 from numpyro_sg.kernels import BAOAB, PSGLD
 from numpyro_sg.kernels import SGHMC, SGNHT
-from numpyro_sg.arviz import summary, to_inference_data
+from numpyro_sg.results.inference_data import summary, to_inference_data
 from numpyro_sg.diagnostics.convergence import ConvergenceWarning, check_convergence
 from numpyro_sg.diagnostics.ksd import ksd_path, ksd_per_coordinate
 from numpyro_sg.diagnostics.plots import plot_ksd_path
 from numpyro_sg.diagnostics.stein import fssd, ksd
-from numpyro_sg.minibatch import find_subsample_plates
-from numpyro_sg.reference import compare, nuts_reference, plot_compare
-from numpyro_sg.selection import selection_summary
+from numpyro_sg.infer.minibatch import find_subsample_plates
+from numpyro_sg.results.reference import compare, nuts_reference, plot_compare
+from numpyro_sg.results.selection import selection_summary
 from numpyro_sg.tuning import grid_search, heuristic_step_size, mamba
 from numpyro_sg.version import __version__  # noqa: F401
-from numpyro_sg.warmup import ModeFit, WarmupOptions
+from numpyro_sg.infer.warmup import ModeFit, WarmupOptions
 
 __all__ = [
     "SGLD",

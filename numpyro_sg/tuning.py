@@ -70,16 +70,16 @@ import pandas as pd
 import xarray as xr
 from jax import lax, random
 
-from numpyro_sg.arviz import attach_ksd as _attach_ksd
-from numpyro_sg.arviz import cast_discrete as _cast_discrete
-from numpyro_sg.arviz import preconditioner_name as _preconditioner_name
+from numpyro_sg.results.inference_data import attach_ksd as _attach_ksd
+from numpyro_sg.results.inference_data import cast_discrete as _cast_discrete
+from numpyro_sg.results.inference_data import preconditioner_name as _preconditioner_name
 from numpyro_sg.diagnostics.convergence import bulk_ess
 from numpyro_sg.diagnostics.fssd import fssd
 from numpyro_sg.diagnostics.ksd import ksd, ksd_u_statistic, signed_sqrt
 from numpyro_sg.diagnostics.model_scores import ModelScores
 from numpyro_sg.kernels.base import GradientKernel
-from numpyro_sg.minibatch import Anchor
-from numpyro_sg.warmup import fit_model_mode, starting_points
+from numpyro_sg.infer.minibatch import Anchor
+from numpyro_sg.infer.warmup import fit_model_mode, starting_points
 
 __all__ = ["mamba", "grid_search", "heuristic_step_size", "TuningResult", "grid_arms", "MIN_ESS"]
 

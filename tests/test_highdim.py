@@ -15,8 +15,8 @@ from numpyro.infer import MCMC, init_to_median
 
 import numpyro_sg as nsg
 from numpyro_sg import datasets as ds
-from numpyro_sg.minibatch import Minibatcher, discover_plates, noise_groups
-from numpyro_sg.reproductions import skew_normal_bias, skew_normal_moments
+from numpyro_sg.infer.minibatch import Minibatcher, discover_plates, noise_groups
+from numpyro_sg.datasets.reproductions import skew_normal_bias, skew_normal_moments
 
 
 # -- gradient noise from group means --------------------------------------------------------

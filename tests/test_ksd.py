@@ -20,7 +20,7 @@ from numpyro_sg.diagnostics.ksd import (
     ksd_sums,
 )
 from numpyro_sg.diagnostics.scales import resolve_scales
-from numpyro_sg.laplace import laplace_scales
+from numpyro_sg.infer.laplace import laplace_scales
 
 
 # -- a brute-force O(T²·d) reference written straight from SPEC §7 (float64 numpy) ------------

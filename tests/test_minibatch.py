@@ -11,7 +11,7 @@ from jax.flatten_util import ravel_pytree
 from numpyro.infer import MCMC
 
 import numpyro_sg as nsg
-from numpyro_sg.minibatch import (
+from numpyro_sg.infer.minibatch import (
     BatchState,
     Minibatcher,
     discover_plates,
@@ -219,8 +219,8 @@ def test_score_estimator_is_exact_on_full_batches_and_unbiased_on_mini_batches()
     import jax.numpy as jnp
     from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
     from numpyro_sg.diagnostics.model_scores import ModelScores
-    from numpyro_sg.minibatch import Anchor
-    from numpyro_sg.warmup import fit_model_mode
+    from numpyro_sg.infer.minibatch import Anchor
+    from numpyro_sg.infer.warmup import fit_model_mode
 
     X, y, _ = simulate_logistic_regression(num_data=500, dim=3, seed=1)
     fit, mb, unravel = fit_model_mode(logistic_regression_model, (X, y))

@@ -38,7 +38,7 @@ import numpyro
 import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC, init_to_value
-from numpyro_sg.posteriordb import ENV_VAR, load_posteriordb, posteriordb_dir
+from numpyro_sg.datasets.posteriordb import ENV_VAR, load_posteriordb, posteriordb_dir
 
 import numpyro_sg as nsg
 

@@ -154,7 +154,7 @@ def test_default_ksd_ranks_inflated_chain_worse_where_raw_ksd_may_not(runs):
 
 
 def test_posteriordb_reference_in_compare():
-    from numpyro_sg.posteriordb import posteriordb_dir, posteriordb_reference
+    from numpyro_sg.datasets.posteriordb import posteriordb_dir, posteriordb_reference
 
     if not (posteriordb_dir() / "draws" / "sblri-blr.json.zip").exists():
         pytest.skip("posteriordb reference folder not found")

@@ -1,11 +1,11 @@
-"""Variable-selection summaries (numpyro_sg.selection): inclusion probabilities from every
+"""Variable-selection summaries (numpyro_sg.results.selection): inclusion probabilities from every
 input form, the median probability model, FSR / NSR / MSE₁ / MSE₀, and the plot."""
 
 import arviz as az
 import numpy as np
 import pytest
 
-from numpyro_sg import selection as sel
+from numpyro_sg.results import selection as sel
 
 
 def test_metrics_by_hand():

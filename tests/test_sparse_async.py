@@ -26,7 +26,7 @@ from numpyro_sg.kernels.sparse_async import (
     robbins_monro,
     sequential_sweep,
 )
-from numpyro_sg.selection import inclusion_probabilities, relative_error
+from numpyro_sg.results.selection import inclusion_probabilities, relative_error
 from numpyro_sg.spike_slab import GLM_FAMILIES
 
 LOGIT = -0.8  # prior log-odds of inclusion in the tiny problem

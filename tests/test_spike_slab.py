@@ -9,7 +9,7 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer.util import log_density
 
-from numpyro_sg.model_info import trace_model
+from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.spike_slab import (
     GLM_FAMILIES,
     SpikeSlabError,
@@ -99,7 +99,7 @@ def test_terms_decompose_the_log_density(data):
     idx = {"data": jnp.arange(10, 50)}
     lp, terms = ss.terms_fn((X, y))({"theta": theta}, gamma, idx)
     assert terms.shape == (40,)
-    from numpyro_sg.minibatch import with_indices
+    from numpyro_sg.infer.minibatch import with_indices
     ref, _ = log_density(with_indices(ss.conditioned(gamma), idx), (X, y), {}, {"theta": theta})
     np.testing.assert_allclose(lp + terms.sum(), ref, rtol=1e-5)
     # per-datum terms are the scaled Gaussian log-likelihoods

@@ -23,7 +23,7 @@ from numpyro.infer import MCMC
 
 import numpyro_sg as nsg
 from numpyro_sg.tuning import _Scorer
-from numpyro_sg.warmup import fit_model_mode
+from numpyro_sg.infer.warmup import fit_model_mode
 
 GOOD = 2e-4  # ε·λ_max ≈ 0.2: stable, mixes in ~100 iterations, sd inflation ≈ 5%
 PLANTED = [1e-10, 1e-9, GOOD, 0.5, 1.0]

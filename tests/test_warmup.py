@@ -19,8 +19,8 @@ from numpyro.infer import MCMC, init_to_uniform, init_to_value
 
 import numpyro_sg as nsg
 from numpyro_sg import datasets as ds
-from numpyro_sg.minibatch import Minibatcher, discover_plates
-from numpyro_sg.preconditioner import Moments, Preconditioner, adapted_preconditioner, update_moments
+from numpyro_sg.infer.minibatch import Minibatcher, discover_plates
+from numpyro_sg.infer.preconditioner import Moments, Preconditioner, adapted_preconditioner, update_moments
 
 DEFAULTS = {"SGLD": lambda model, **kw: nsg.SGLD(model, **kw),
             "SGBD": lambda model, **kw: nsg.SGBD(model, **kw)}
@@ -319,7 +319,7 @@ def test_bulk_ess_and_a_shared_mode_fit():
     """bulk_ess: ≈ T for iid draws, ≈ T(1−ρ)/(1+ρ) for AR(ρ) (within 30%), 0 for a frozen
     chain; use_mode_fit: a kernel given another's ModeFit does not search again."""
     from numpyro_sg.diagnostics.convergence import bulk_ess
-    from numpyro_sg.warmup import fit_model_mode
+    from numpyro_sg.infer.warmup import fit_model_mode
 
     rng = np.random.default_rng(0)
     iid = rng.normal(size=(2, 2000, 5))

@@ -1,7 +1,7 @@
 """Stein diagnostics: kernel Stein discrepancy (KSD) and finite set Stein discrepancy (FSSD).
 
 The modules are layered; each imports only from the layers below it (and from
-:mod:`numpyro_sg.laplace` and :mod:`numpyro_sg.minibatch`):
+:mod:`numpyro_sg.infer.laplace` and :mod:`numpyro_sg.infer.minibatch`):
 
 1. :mod:`~numpyro_sg.diagnostics.validation` (input checks) and
    :mod:`~numpyro_sg.diagnostics.scales` (preconditioning);

@@ -27,7 +27,7 @@ per-coordinate scale s_j before the kernel is applied: x → x/s, score → scor
 :mod:`numpyro_sg.diagnostics.scales`).  ``preconditioner=None`` gives the papers' raw form
 (use it to reproduce their numbers and to compare with SGMCMCJax or stein_thinning).  When
 several runs are compared they must share one set of scales: compute them once with
-:func:`numpyro_sg.diagnostics.scales.resolve_scales` (or :func:`numpyro_sg.laplace.laplace_scales`)
+:func:`numpyro_sg.diagnostics.scales.resolve_scales` (or :func:`numpyro_sg.infer.laplace.laplace_scales`)
 and pass the array.
 
 **Computation.**  The double sum is computed block by block (a row block of B draws against

@@ -40,8 +40,8 @@ from numpyro.infer.util import potential_energy, unconstrain_fn
 from numpyro_sg.diagnostics.fssd import fssd
 from numpyro_sg.diagnostics.ksd import ksd, ksd_per_coordinate
 from numpyro_sg.diagnostics.scales import resolve_scales
-from numpyro_sg.laplace import laplace_scales
-from numpyro_sg.minibatch import discover_plates, full_data
+from numpyro_sg.infer.laplace import laplace_scales
+from numpyro_sg.infer.minibatch import discover_plates, full_data
 
 __all__ = [
     "STEIN_GROUP",
@@ -65,7 +65,7 @@ STEIN_GROUP = "stein"
 def full_data_model(model, model_args=(), model_kwargs=None):
     """``model`` with every subsample plate run over all of its data (the model if none).
 
-    Each subsample plate (found by :func:`numpyro_sg.minibatch.discover_plates` on the
+    Each subsample plate (found by :func:`numpyro_sg.infer.minibatch.discover_plates` on the
     given arguments) is switched to the indices ``arange(N)``, so the model's log density is
     the exact full-data one: what the Stein scores and the NUTS reference need.
 
@@ -453,7 +453,7 @@ def resolve_run_scales(preconditioner, stein, scores: ModelScores | None = None)
 
     As :func:`numpyro_sg.diagnostics.scales.resolve_scales` on the pooled unconstrained draws
     of the ``stein`` group, except ``"laplace"``: the Laplace scales of the model's full-data
-    posterior (:func:`numpyro_sg.laplace.laplace_scales`, started at the pooled mean).
+    posterior (:func:`numpyro_sg.infer.laplace.laplace_scales`, started at the pooled mean).
 
     :param preconditioner: ``"sd"``, ``"laplace"``, an array of scales or ``None``.
     :param stein: the run's ``stein`` dataset.

@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 
-from numpyro_sg.laplace import laplace_scales
+from numpyro_sg.infer.laplace import laplace_scales
 
 __all__ = ["PRECONDITIONERS", "sd_scales", "resolve_scales", "precondition"]
 
@@ -62,7 +62,7 @@ def resolve_scales(preconditioner, x, score=None):
     """Per-coordinate scales s (float64 (d,)) for ``preconditioner``, or None for the raw form.
 
     * ``"sd"``: the sd of the draws ``x`` (see :func:`sd_scales` for zero sds);
-    * ``"laplace"``: :func:`numpyro_sg.laplace.laplace_scales` of ``score`` started at the
+    * ``"laplace"``: :func:`numpyro_sg.infer.laplace.laplace_scales` of ``score`` started at the
       mean of ``x``;
     * an array of shape (d,) (or a scalar), positive and finite: used as given;
     * ``None``: no preconditioning.

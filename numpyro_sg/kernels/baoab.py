@@ -2,7 +2,7 @@ r"""BAOAB: Leimkuhler & Matthews' splitting for underdamped Langevin dynamics, w
 stochastic gradients (as SGMCMCJax's ``baoab``).
 
 Underdamped Langevin dynamics for the working coordinates u of the warmup's preconditioner
-(θ = θ₀ + L·u, ĝ read as Lᵀ·ĝ, :mod:`numpyro_sg.preconditioner`) with a momentum p in the same
+(θ = θ₀ + L·u, ĝ read as Lᵀ·ĝ, :mod:`numpyro_sg.infer.preconditioner`) with a momentum p in the same
 units, unit mass, friction γ and temperature τ:
 du = p dt, dp = ĝ(u) dt − γ p dt + √(2γτ) dW, stationary at π(u)^(1/τ) ⊗ N(0, τ·I).  One
 step of length h is B(h/2) A(h/2) O A(h/2) B(h/2):
@@ -117,7 +117,7 @@ class BAOAB(GradientKernel):
     u ← u + (h/2)·p, p ← c·p + √(τ(1 − c²))·ξ (c = exp(−γh)), u ← u + (h/2)·p; one stochastic
     gradient per iteration, positions exactly those of B(h/2)A(h/2)OA(h/2)B(h/2).  Before the
     chains start, the warmup finds the mode, the Laplace preconditioner and the
-    control-variate anchor (:mod:`numpyro_sg.warmup`); the chains start at Laplace draws with
+    control-variate anchor (:mod:`numpyro_sg.infer.warmup`); the chains start at Laplace draws with
     zero momentum.  Defaults: ε = 1 (h = 1 posterior sd per unit momentum) and γ = 1.
 
     :param model: NumPyro model with a subsample plate.

@@ -8,9 +8,9 @@ the shared options (``subsample_size``, ``replace``, ``init_strategy``, ``check_
 
 :class:`GradientKernel` adds what every gradient-based kernel (SGLD, SGBD) does the same way:
 
-* **one model trace** at ``init`` (:func:`numpyro_sg.model_info.trace_model`) read by plate
+* **one model trace** at ``init`` (:func:`numpyro_sg.infer.model_info.trace_model`) read by plate
   discovery, data checks and deterministic-site detection;
-* the **warmup** (:mod:`numpyro_sg.warmup`): the mode of the log posterior, the Laplace
+* the **warmup** (:mod:`numpyro_sg.infer.warmup`): the mode of the log posterior, the Laplace
   preconditioner and the control-variate anchor, computed once before the chains start;
 * the **gradient estimate** at the new point on the next mini-batch, evaluated within the same
   iteration and kept in the state (plain or control-variate, with the gradient-noise sd τ̂ in
@@ -43,7 +43,7 @@ from numpyro.util import is_prng_key
 
 from numpyro_sg.diagnostics.convergence import ConvergenceWarning, watch_runs
 from numpyro_sg.kernels.moves import ema, freeze, guard_step, init_guard
-from numpyro_sg.minibatch import (
+from numpyro_sg.infer.minibatch import (
     Anchor,
     Minibatcher,
     full_data,
@@ -51,8 +51,8 @@ from numpyro_sg.minibatch import (
     subsample_plates,
     with_indices,
 )
-from numpyro_sg.model_info import trace_model
-from numpyro_sg.preconditioner import (
+from numpyro_sg.infer.model_info import trace_model
+from numpyro_sg.infer.preconditioner import (
     Preconditioner,
     adapted_preconditioner,
     from_working,
@@ -63,7 +63,7 @@ from numpyro_sg.preconditioner import (
     to_working,
     update_moments,
 )
-from numpyro_sg.warmup import ModeFit, WarmupOptions, find_mode, starting_points
+from numpyro_sg.infer.warmup import ModeFit, WarmupOptions, find_mode, starting_points
 
 __all__ = ["SGKernel", "GradientKernel", "DivergenceWarning", "split_init_key",
            "all_finite", "gradient_state", "PRECONDITIONERS", "GRADIENTS", "GRADIENT_STATE_FIELDS"]
@@ -185,7 +185,7 @@ class SGKernel(MCMCKernel):
 
     @property
     def minibatcher(self) -> Minibatcher:
-        """The :class:`~numpyro_sg.minibatch.Minibatcher` built at ``init``."""
+        """The :class:`~numpyro_sg.infer.minibatch.Minibatcher` built at ``init``."""
         return self._mb
 
     @property
@@ -319,13 +319,13 @@ class GradientKernel(SGKernel):
         scales (d,) (M = diag(scale²)) or a covariance (d, d).
     :param str gradient: ``"cv"`` (default: control variates around the warmup mode) or
         ``"plain"`` (the mini-batch gradient).
-    :param warmup_options: a :class:`~numpyro_sg.warmup.WarmupOptions` (or a dict of its
-        fields) for the mode search, or a :class:`~numpyro_sg.warmup.ModeFit` computed before
+    :param warmup_options: a :class:`~numpyro_sg.infer.warmup.WarmupOptions` (or a dict of its
+        fields) for the mode search, or a :class:`~numpyro_sg.infer.warmup.ModeFit` computed before
         (reused as is).
 
     Memory per step is O(n·k + d) at any d: the gradient-noise sd τ̂ (when the kernel needs it)
     comes from per-datum gradients only while n·d ≤ 10⁶, else from k ≤ 16 group means
-    (attribute ``noise_groups``, :func:`numpyro_sg.minibatch.noise_groups`); the Laplace
+    (attribute ``noise_groups``, :func:`numpyro_sg.infer.minibatch.noise_groups`); the Laplace
     preconditioner is diagonal above ``warmup_options.dense_max`` coordinates (Hutchinson
     estimate from Hessian-vector products, never a d×d matrix).
     """
@@ -367,7 +367,7 @@ class GradientKernel(SGKernel):
         self.step_size = step_size
         self.estimate_noise = False
         #: groups k of the gradient-noise estimate τ̂ (``None``: per datum at small n·d, else
-        #: up to 16 group means; :func:`numpyro_sg.minibatch.noise_groups`); set before ``run``
+        #: up to 16 group means; :func:`numpyro_sg.infer.minibatch.noise_groups`); set before ``run``
         self.noise_groups = None
         self._fit_key = None
 
@@ -378,16 +378,16 @@ class GradientKernel(SGKernel):
 
     @property
     def mode_fit(self) -> ModeFit | None:
-        """The warmup's :class:`~numpyro_sg.warmup.ModeFit` (mode, preconditioner, anchor),
+        """The warmup's :class:`~numpyro_sg.infer.warmup.ModeFit` (mode, preconditioner, anchor),
         known after ``init`` when the kernel ran one."""
         return self._fit
 
     def use_mode_fit(self, fit: ModeFit):
         """Reuse ``fit``, the warmup's result for the same model and data (e.g. another kernel's
-        :attr:`mode_fit`, or :func:`~numpyro_sg.warmup.fit_model_mode`'s), instead of searching
+        :attr:`mode_fit`, or :func:`~numpyro_sg.infer.warmup.fit_model_mode`'s), instead of searching
         for the mode again at ``init``; the tuners share one fit among their arms this way."""
         if not isinstance(fit, ModeFit):
-            raise TypeError(f"fit must be a numpyro_sg.warmup.ModeFit, got {type(fit).__name__}.")
+            raise TypeError(f"fit must be a numpyro_sg.infer.warmup.ModeFit, got {type(fit).__name__}.")
         self._fit, self._fit_key = fit, None
 
     # -- init ------------------------------------------------------------------------------

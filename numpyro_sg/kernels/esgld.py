@@ -37,7 +37,7 @@ The model (see :mod:`numpyro_sg.spike_slab`) has an indicator γ ∈ {0,1}^p, a 
 One iteration is the pure function :func:`esgld_step` of the state (hyperparameters ε and τ
 included, :class:`ESGLDHyper`) and the data; the gradient is evaluated inside the iteration
 at the point the chain on γ leaves, so ``init`` runs no chain and no gradient: it traces the
-model once (:func:`~numpyro_sg.model_info.trace_model`), checks it in one vectorised run
+model once (:func:`~numpyro_sg.infer.model_info.trace_model`), checks it in one vectorised run
 (:func:`~numpyro_sg.spike_slab.find_spike_slab`) and draws the start in one more
 (:func:`~numpyro_sg.spike_slab.start_fn`, which also reads the data rows of data-based
 proposal weights).
@@ -99,14 +99,14 @@ from numpyro_sg.kernels.moves import (
     langevin_noise_variance,
     step_size_at,
 )
-from numpyro_sg.minibatch import (
+from numpyro_sg.infer.minibatch import (
     Minibatcher,
     full_data,
     jit_with_data,
     subsample_plates,
     with_indices,
 )
-from numpyro_sg.model_info import trace_model
+from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.spike_slab import (
     GLMBatch,
     GLMFamily,

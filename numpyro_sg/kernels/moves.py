@@ -3,7 +3,7 @@ r"""Pure building blocks shared by the kernels, each written once and tested alo
 Step-size convention of the whole package (SPEC §2): the Langevin move with step size ε and
 temperature τ is θ' = θ + (ε/2)·ĝ(θ) + N(0, ε·τ·I) (paper 002's h is ε; paper 003's γ is ε/2),
 applied to the working coordinates of the preconditioner
-(:mod:`numpyro_sg.preconditioner`).
+(:mod:`numpyro_sg.infer.preconditioner`).
 
 * step-size schedules as pytrees (:class:`PolynomialSchedule`) and :func:`step_size_at`;
 * the Langevin move :func:`langevin_move` and its injected-noise variance

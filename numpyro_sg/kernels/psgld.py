@@ -3,7 +3,7 @@ r"""Preconditioned SGLD (pSGLD, Li, Chen, Carlson & Carin 2016, Algorithm 1).
 SGLD whose step is rescaled per coordinate by an RMSprop preconditioner built from the
 history of the stochastic gradients.  In the package's step-size convention (SPEC §2: SGLD is
 θ' = θ + (ε/2)·ĝ + N(0, ε·τ)), applied to the working coordinates u of the warmup's
-preconditioner (θ = θ₀ + L·u, ĝ read as Lᵀ·ĝ, :mod:`numpyro_sg.preconditioner`):
+preconditioner (θ = θ₀ + L·u, ĝ read as Lᵀ·ĝ, :mod:`numpyro_sg.infer.preconditioner`):
 
 .. math::
 
@@ -59,7 +59,7 @@ from numpyro_sg.kernels.moves import (
     resolve_step_size,
     step_size_at,
 )
-from numpyro_sg.preconditioner import from_working, to_working
+from numpyro_sg.infer.preconditioner import from_working, to_working
 
 __all__ = [
     "PSGLD",
@@ -151,7 +151,7 @@ class PSGLD(GradientKernel):
     working frame of the preconditioner (see :mod:`numpyro_sg.kernels.psgld`).  With
     ``preconditioner=None`` and ``gradient="plain"`` this is Li et al.'s algorithm, ε their
     step size; with the defaults the warmup finds the mode, the Laplace preconditioner and
-    the control-variate anchor (:mod:`numpyro_sg.warmup`), the chains start at Laplace
+    the control-variate anchor (:mod:`numpyro_sg.infer.warmup`), the chains start at Laplace
     draws, and RMSprop rescales the whitened coordinates (G ≈ 1/√(1 + gradient-noise
     variance) there): ε = 0.8 with the discretisation correction.
 

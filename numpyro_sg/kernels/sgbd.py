@@ -17,7 +17,7 @@ No accept/reject step.  ``adapt_step_size`` sets σ_j = 1.702/(1.233·τ̂_j), w
 τ̂ the EMA of the gradient-noise sd (the sd of the estimator ĝ_j, SPEC §2).
 
 The kernel applies these rules to the working coordinates of its preconditioner
-(θ = θ₀ + L·u, :mod:`numpyro_sg.preconditioner`; the identity with ``preconditioner=None``),
+(θ = θ₀ + L·u, :mod:`numpyro_sg.infer.preconditioner`; the identity with ``preconditioner=None``),
 so σ is in posterior sds with the default Laplace preconditioner, and may multiply the sign
 logits by c = 1 + σ²/4 (:func:`discretisation_logit_scale`).
 """
@@ -139,7 +139,7 @@ class SGBD(GradientKernel):
     r"""Stochastic gradient Barker dynamics for a NumPyro model with a subsample plate.
 
     In the working frame of the preconditioner (θ = θ₀ + L·u, see
-    :mod:`numpyro_sg.preconditioner`) each coordinate proposes z_j ~ N(σ_j, (0.1σ_j)²) and keeps
+    :mod:`numpyro_sg.infer.preconditioner`) each coordinate proposes z_j ~ N(σ_j, (0.1σ_j)²) and keeps
     its sign with probability sigmoid(c_j·z_j·ĝ_j) (``"vanilla"``), the noise-corrected
     sigmoid(c_j·α_j·z_j·ĝ_j) with α_j = 1.702/√(1.702² − τ̂_j²z_j²), falling back to the
     extreme rule past the breaking point (``"corrected"``, the default), or 1{z_j·ĝ_j > 0}
@@ -147,7 +147,7 @@ class SGBD(GradientKernel):
     noise sd in the working frame; c_j = 1 (the paper) or 1 + σ_j²/4 with
     ``correct_discretisation`` (:func:`discretisation_logit_scale`).  Before the chains
     start, the warmup finds the mode, the Laplace preconditioner and the control-variate
-    anchor (:mod:`numpyro_sg.warmup`); σ = 0.8 posterior sds by default.
+    anchor (:mod:`numpyro_sg.infer.warmup`); σ = 0.8 posterior sds by default.
 
     :param model: NumPyro model with a subsample plate.
     :param step_size: σ > 0 in the working frame (scalar or per-coordinate array); ``None``

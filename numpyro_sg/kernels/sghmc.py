@@ -1,7 +1,7 @@
 r"""Second-order SG-MCMC: SGHMC (Chen, Fox & Guestrin 2014) and SGNHT (Ding et al. 2014).
 
 Both keep a momentum v beside the working coordinates u of the preconditioner
-(θ = θ₀ + L·u, :mod:`numpyro_sg.preconditioner`; v is in the units of u, a displacement per
+(θ = θ₀ + L·u, :mod:`numpyro_sg.infer.preconditioner`; v is in the units of u, a displacement per
 iteration) and take one stochastic gradient per iteration, at the current point.  With the
 package's step size ε (SPEC §2; the same ε as SGLD's) the learning rate is **η = ε/2**, and
 one iteration is
@@ -288,7 +288,7 @@ class SGHMC(MomentumKernel):
     s² = 2·α·η·τ·(1 − η/(4 − 2α)) with ``correct_discretisation`` (exact for Gaussian targets
     whitened by M), minus η²·τ̂² with ``variant="corrected"``.  α = 1 is SGLD with the same ε.
     Before the chains start, the warmup finds the mode, the Laplace preconditioner and the
-    control-variate anchor (:mod:`numpyro_sg.warmup`); the defaults ε = 1, α = 0.5 need no
+    control-variate anchor (:mod:`numpyro_sg.infer.warmup`); the defaults ε = 1, α = 0.5 need no
     tuning.
 
     Mapping: Chen et al.'s learning rate η = ε/2, friction α, β̂ = η·τ̂²/2; BlackJAX's

@@ -1,7 +1,7 @@
 r"""Stochastic gradient Langevin dynamics (SGLD) and its noise-corrected variant (c-SGLD).
 
 Update (SPEC §2–3, §12; the package's step-size convention), in the working coordinates u of
-the preconditioner M = L·Lᵀ (θ = θ₀ + L·u, :mod:`numpyro_sg.preconditioner`):
+the preconditioner M = L·Lᵀ (θ = θ₀ + L·u, :mod:`numpyro_sg.infer.preconditioner`):
 
 .. math::
 
@@ -70,7 +70,7 @@ class SGLD(GradientKernel):
 
     θ' = θ + (ε/2)·M·ĝ(θ) + N(0, v·M) (see :mod:`numpyro_sg.kernels.sgld`): before the chains
     start, the warmup finds the posterior mode, the Laplace preconditioner M and the
-    control-variate anchor (:mod:`numpyro_sg.warmup`), and the chains start from draws of the
+    control-variate anchor (:mod:`numpyro_sg.infer.warmup`), and the chains start from draws of the
     Laplace approximation.  The defaults need no tuning: ε = 0.7 in the preconditioner's
     units, with the discretisation correction.
 
@@ -89,8 +89,8 @@ class SGLD(GradientKernel):
         ``"laplace"``/``"adapt"`` preconditioner, off otherwise).
     :param bool estimate_noise: compute τ̂ from per-datum gradients (default: only when the
         variant needs it; costs about one extra gradient evaluation per iteration).
-    :param warmup_options: options of the mode search (:class:`~numpyro_sg.warmup.WarmupOptions`
-        or a dict), or a :class:`~numpyro_sg.warmup.ModeFit` to reuse.
+    :param warmup_options: options of the mode search (:class:`~numpyro_sg.infer.warmup.WarmupOptions`
+        or a dict), or a :class:`~numpyro_sg.infer.warmup.ModeFit` to reuse.
     :param subsample_size: mini-batch size n (overrides the plate's; the N/n scale follows).
     :param bool replace: draw indices with replacement (default) or walk epochs.
     :param init_strategy: NumPyro init strategy; default ``None`` starts every chain at a draw

@@ -82,9 +82,9 @@ from numpyro_sg.kernels.base import (
     split_init_key,
 )
 from numpyro_sg.kernels.moves import freeze, langevin_move, mala_step
-from numpyro_sg.minibatch import Minibatcher, check_data_finite, full_data, jit_with_data, with_indices
-from numpyro_sg.model_info import trace_model
-from numpyro_sg.model_info import base_distribution
+from numpyro_sg.infer.minibatch import Minibatcher, check_data_finite, full_data, jit_with_data, with_indices
+from numpyro_sg.infer.model_info import trace_model
+from numpyro_sg.infer.model_info import base_distribution
 from numpyro_sg.spike_slab import (
     CoordinateNormal,
     SpikeSlab,

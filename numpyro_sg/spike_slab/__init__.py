@@ -22,13 +22,13 @@ Other continuous latent sites (an unselected intercept, a noise scale, …) are 
     ``indicator=``), an indicator that is not binary, no/several coefficient sites (pass
     ``coefficient=``), shapes that differ, a coefficient that is not real-valued, or a
     likelihood that changes when an excluded coefficient changes.  ``info`` is a
-    :class:`~numpyro_sg.model_info.ModelInfo` of the model (a kernel that traced it already
+    :class:`~numpyro_sg.infer.model_info.ModelInfo` of the model (a kernel that traced it already
     passes it, so the model is not traced again); the numerical checks then run the model
     once, vectorised over all their random configurations.
 
 :class:`SpikeSlab` (static metadata only: safe to build under ``jit``/``pmap``)
     Attributes ``indicator``, ``coefficient``, ``num_coefficients`` (p), ``plate`` (the
-    :class:`~numpyro_sg.minibatch.SubsamplePlate` or ``None`` for a model without one),
+    :class:`~numpyro_sg.infer.minibatch.SubsamplePlate` or ``None`` for a model without one),
     ``continuous_sites``, ``per_coordinate_prior`` (see below), ``glm``
     (a :class:`GLMInfo` or ``None``).  Each ``*_fn(model_args, model_kwargs)`` method returns
     a pure, jit-able function.  ``values`` are *constrained* values of the continuous latent

@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer.initialization import init_to_uniform
 
-from numpyro_sg.minibatch import jit_with_data
-from numpyro_sg.model_info import ModelInfo, base_distribution
+from numpyro_sg.infer.minibatch import jit_with_data
+from numpyro_sg.infer.model_info import ModelInfo, base_distribution
 from numpyro_sg.spike_slab.glm import (
     GLM_FAMILIES,
     GLMInfo,

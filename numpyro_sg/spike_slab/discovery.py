@@ -1,6 +1,6 @@
 r"""Finding the spike-and-slab structure of a model: :func:`find_spike_slab`.
 
-The sites are read from one :class:`~numpyro_sg.model_info.ModelInfo` (pass ``info=`` when the
+The sites are read from one :class:`~numpyro_sg.infer.model_info.ModelInfo` (pass ``info=`` when the
 model was traced already, e.g. by a kernel's ``init``); the numerical checks
 (:mod:`numpyro_sg.spike_slab.checks`) then run the model once more, vectorised over all their
 random configurations.
@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 from numpyro.infer.initialization import init_to_uniform
 
-from numpyro_sg.minibatch import SubsamplePlate, resolve_subsample_size
-from numpyro_sg.model_info import ModelInfo, trace_model
+from numpyro_sg.infer.minibatch import SubsamplePlate, resolve_subsample_size
+from numpyro_sg.infer.model_info import ModelInfo, trace_model
 from numpyro_sg.spike_slab.checks import run_checks
 from numpyro_sg.spike_slab.structure import SpikeSlab, SpikeSlabError, trace_spike_slab
 
@@ -171,8 +171,8 @@ def find_spike_slab(
     :param bool check: run the numerical checks (structure, per-coordinate prior, GLM
         affinity) on random values; they need concrete (non-traced) model arguments.
     :param int seed: seed of the numerical checks.
-    :param info: a :class:`~numpyro_sg.model_info.ModelInfo` of ``model`` on these arguments
-        (from :func:`~numpyro_sg.model_info.trace_model`), so the model is not traced again.
+    :param info: a :class:`~numpyro_sg.infer.model_info.ModelInfo` of ``model`` on these arguments
+        (from :func:`~numpyro_sg.infer.model_info.trace_model`), so the model is not traced again.
     :return: a :class:`~numpyro_sg.spike_slab.SpikeSlab`.
     :raises SpikeSlabError: (a ``ValueError``) when the model is not of the required form:
         no/several binary sites (pass ``indicator=``), an indicator that is not binary,

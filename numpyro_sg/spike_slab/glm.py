@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpyro.distributions as dist
 
-from numpyro_sg.model_info import base_distribution
+from numpyro_sg.infer.model_info import base_distribution
 
 __all__ = [
     "GLMFamily",

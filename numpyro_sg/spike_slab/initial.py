@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from numpyro.distributions.transforms import biject_to
 from numpyro.infer.initialization import init_to_sample, init_to_uniform
 
-from numpyro_sg.model_info import ModelInfo, trace_model
+from numpyro_sg.infer.model_info import ModelInfo, trace_model
 from numpyro_sg.spike_slab.structure import SpikeSlab, SpikeSlabError
 
 __all__ = [
@@ -137,7 +137,7 @@ def initial_values(ss: SpikeSlab, rng_key, init_params, init_strategy, model_arg
 
 def site_types(model, model_args=(), model_kwargs=None, *, info: ModelInfo | None = None) -> dict:
     """``{site name: site type}`` of the model, read from ``info`` (a
-    :class:`~numpyro_sg.model_info.ModelInfo`) or from one cheap trace made here.
+    :class:`~numpyro_sg.infer.model_info.ModelInfo`) or from one cheap trace made here.
 
     **Example:**
 

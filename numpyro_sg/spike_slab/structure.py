@@ -17,8 +17,8 @@ import numpyro.distributions as dist
 from numpyro.handlers import condition, seed, substitute, trace
 from numpyro.infer.util import constrain_fn, potential_energy
 
-from numpyro_sg.minibatch import SubsamplePlate, with_indices, without_plate_sites
-from numpyro_sg.model_info import base_distribution, first_indices, record_subsample
+from numpyro_sg.infer.minibatch import SubsamplePlate, with_indices, without_plate_sites
+from numpyro_sg.infer.model_info import base_distribution, first_indices, record_subsample
 from numpyro_sg.spike_slab.glm import (
     GLMInfo,
     design_array,
@@ -118,7 +118,7 @@ class SpikeSlab:
 
     Build it with :func:`~numpyro_sg.spike_slab.find_spike_slab`.  Holds only static metadata:
     ``indicator``, ``coefficient``, ``num_coefficients`` (p), ``plate`` (the
-    :class:`~numpyro_sg.minibatch.SubsamplePlate` or ``None``), ``continuous_sites``,
+    :class:`~numpyro_sg.infer.minibatch.SubsamplePlate` or ``None``), ``continuous_sites``,
     ``per_coordinate_prior``, ``glm`` (a :class:`~numpyro_sg.spike_slab.GLMInfo` or ``None``)
     and ``deterministic_in_plate``.  Each ``*_fn(model_args, model_kwargs)`` method returns a
     pure, jit-able function.

@@ -17,7 +17,7 @@ Before the chains start (inside the kernel's ``init``, so it counts in ``MCMC.ru
    ``dense_max`` coordinates).
 
 The result, a :class:`ModeFit`, gives the Laplace covariance Σ̂ = (−H)⁻¹ at the mode as a
-:class:`~numpyro_sg.preconditioner.Preconditioner` (a dense square root for up to
+:class:`~numpyro_sg.infer.preconditioner.Preconditioner` (a dense square root for up to
 ``dense_max`` coordinates; above that a diagonal — the likelihood's Fisher diagonal from group
 gradients plus a Hutchinson estimate of the prior's Hessian diagonal (Hessian-vector
 products), never a d×d matrix — shrunk by √(2λ − 1) where λ is the top eigenvalue
@@ -47,8 +47,8 @@ from jax.flatten_util import ravel_pytree
 
 from numpyro.infer import init_to_uniform
 
-from numpyro_sg.laplace import damped_newton_step
-from numpyro_sg.minibatch import (
+from numpyro_sg.infer.laplace import damped_newton_step
+from numpyro_sg.infer.minibatch import (
     Anchor,
     Minibatcher,
     draw_with_replacement,
@@ -56,8 +56,8 @@ from numpyro_sg.minibatch import (
     noise_groups,
     subsample_plates,
 )
-from numpyro_sg.model_info import ModelInfo, trace_model
-from numpyro_sg.preconditioner import Preconditioner, from_working
+from numpyro_sg.infer.model_info import ModelInfo, trace_model
+from numpyro_sg.infer.preconditioner import Preconditioner, from_working
 
 __all__ = ["WarmupOptions", "ModeFit", "find_mode", "fit_model_mode", "starting_points",
            "laplace_preconditioner", "break_symmetry", "whitened_top_eigenvalue", "noise_heat_of"]
@@ -99,7 +99,7 @@ class WarmupOptions:
     :param int fisher_group_size: rows per group of the Fisher diagonal.
     :param str diagonal: the preconditioner's curvature diagonal above ``dense_max`` coordinates:
         ``"fisher"`` (default with one subsample plate: the likelihood's Fisher diagonal
-        from group gradients, :meth:`~numpyro_sg.minibatch.Minibatcher.fisher_diagonal`, plus
+        from group gradients, :meth:`~numpyro_sg.infer.minibatch.Minibatcher.fisher_diagonal`, plus
         a Hutchinson estimate of the prior's alone) or ``"hutchinson"`` (Hutchinson on the
         whole Hessian: noisy for coordinates coupled to many others, which then get too wide
         a scale — on BPMF it underestimated some factors' curvature 16-fold and SGLD
@@ -177,7 +177,7 @@ class ModeFit:
     :ivar mode: θ̂, the flat unconstrained mode (d,).
     :ivar grad: the full-data gradient ∇ log π(θ̂) (d,): the control-variate anchor's.
     :ivar log_density: log π(θ̂) (full data, up to a constant).
-    :ivar preconditioner: the Laplace :class:`~numpyro_sg.preconditioner.Preconditioner`.
+    :ivar preconditioner: the Laplace :class:`~numpyro_sg.infer.preconditioner.Preconditioner`.
     :ivar converged: whether Newton met its tolerance.
     :ivar newton_steps: Newton steps taken.
     :ivar seconds: wall time of the search.
@@ -354,8 +354,8 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
               options: WarmupOptions | None = None) -> ModeFit:
     """Mode of the log posterior, Laplace preconditioner and CV anchor (module docstring).
 
-    :param mb: the kernel's :class:`~numpyro_sg.minibatch.Minibatcher` (model and plates).
-    :param info: the model's :class:`~numpyro_sg.model_info.ModelInfo` (its chain-0 initial
+    :param mb: the kernel's :class:`~numpyro_sg.infer.minibatch.Minibatcher` (model and plates).
+    :param info: the model's :class:`~numpyro_sg.infer.model_info.ModelInfo` (its chain-0 initial
         values are the fall-back start).
     :param unravel: flat vector → unconstrained params dict.
     :param model_args: the model's positional arguments (the data).
@@ -477,7 +477,7 @@ def fit_model_mode(model, model_args=(), model_kwargs=None, options: WarmupOptio
 
     What a gradient kernel's ``init`` runs (:func:`find_mode` on the model's subsample
     plates), for callers that share one fit among many kernels (the tuners' arms) and need
-    the model's :class:`~numpyro_sg.minibatch.Minibatcher` and flat → params ``unravel``.
+    the model's :class:`~numpyro_sg.infer.minibatch.Minibatcher` and flat → params ``unravel``.
     """
     info = trace_model(model, model_args, model_kwargs, init_strategy=init_to_uniform,
                        rng_key=random.PRNGKey(0))

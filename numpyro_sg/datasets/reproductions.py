@@ -16,7 +16,7 @@ sooner with the larger step.  :func:`skew_normal_bias` runs the grid (``lax.scan
 iterations, ``vmap`` over chains and α), :func:`plot_skew_bias` draws Fig. 2a.
 
 **BPMF traces.**  :func:`plot_rmse_traces` draws Fig. 7: test RMSE of single draws and of the
-running MCMC average (:func:`numpyro_sg.ratings.rmse_trace`) against the iteration.
+running MCMC average (:func:`numpyro_sg.datasets.ratings.rmse_trace`) against the iteration.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def plot_rmse_traces(traces: dict, axes=None, ylim=None):
     """Fig. 7: test RMSE of single draws (left) and of the running MCMC average (right)
     against the iteration, one line per run.
 
-    :param traces: ``{label: DataFrame}`` as returned by :func:`numpyro_sg.ratings.rmse_trace`
+    :param traces: ``{label: DataFrame}`` as returned by :func:`numpyro_sg.datasets.ratings.rmse_trace`
         (an optional ``iteration`` column replaces ``draw`` on the x axis).
     """
     if axes is None:

@@ -1,7 +1,7 @@
 """Simulators for the papers' experiments and the matching NumPyro models.
 
 The matrix-factorisation models, ratings simulator and loaders (paper 001 §5.3) live in
-:mod:`numpyro_sg.ratings` and are re-exported here.
+:mod:`numpyro_sg.datasets.ratings` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 
-from numpyro_sg.ratings import (
+from numpyro_sg.datasets.ratings import (
     Ratings,
     bpmf_model,
     bpmf_predict,
@@ -34,7 +34,7 @@ __all__ = [
     "simulate_sparse_logistic",
     "sparse_async_linear_model",
     "sparse_async_logistic_model",
-    # matrix factorisation (numpyro_sg.ratings)
+    # matrix factorisation (numpyro_sg.datasets.ratings)
     "Ratings",
     "split_ratings",
     "ratings_from_dataframe",

@@ -27,7 +27,7 @@ import numpyro
 import pandas as pd
 from numpyro.infer import MCMC, NUTS
 
-from numpyro_sg.arviz import to_inference_data
+from numpyro_sg.results.inference_data import to_inference_data
 from numpyro_sg.diagnostics.model_scores import (
     STEIN_GROUP,
     ModelScores,
@@ -228,7 +228,7 @@ def compare(
 
     :param idata: the run (``InferenceData`` from :func:`to_inference_data`, or an MCMC).
     :param reference: an ``InferenceData`` from :func:`nuts_reference` or
-        :func:`numpyro_sg.posteriordb.posteriordb_reference`, or a dict of draws
+        :func:`numpyro_sg.datasets.posteriordb.posteriordb_reference`, or a dict of draws
         ``{name: (draws, …)}``.
     :param var_names: variables to compare (default: every posterior variable both have).
     :param reference_names: renames ``{reference name: site name}`` applied to the reference.

@@ -85,7 +85,7 @@ def cast_discrete(idata, discrete_sites):
 
     >>> import arviz as az
     >>> import numpy as np
-    >>> from numpyro_sg.arviz import cast_discrete
+    >>> from numpyro_sg.results.inference_data import cast_discrete
     >>> idata = az.from_dict(posterior={"gamma": np.array([[0.0, 1.0, 1.0]])})
     >>> cast_discrete(idata, ["gamma"])
     >>> idata.posterior["gamma"].dtype
@@ -229,7 +229,7 @@ def preconditioner_name(preconditioner) -> str:
     **Example:**
 
     >>> import numpy as np
-    >>> from numpyro_sg.arviz import preconditioner_name
+    >>> from numpyro_sg.results.inference_data import preconditioner_name
     >>> preconditioner_name(None), preconditioner_name("sd"), preconditioner_name(np.ones(3))
     ('none', 'sd', 'array')
     """
@@ -257,7 +257,7 @@ def attach_ksd(idata, stein, scales, preconditioner, options):
     >>> import arviz as az
     >>> import numpy as np
     >>> import xarray as xr
-    >>> from numpyro_sg.arviz import attach_ksd
+    >>> from numpyro_sg.results.inference_data import attach_ksd
     >>> x = np.random.default_rng(0).normal(size=(2, 100, 3))  # 2 chains of N(0, I) draws
     >>> dims = ("chain", "draw", "coordinate")
     >>> stein = xr.Dataset({"unconstrained": (dims, x), "score": (dims, -x)},

@@ -66,7 +66,7 @@ def laplace_scales(score, init, num_steps: int = 50, tol: float = 1e-4) -> np.nd
     **Example:**
 
     >>> import jax.numpy as jnp
-    >>> from numpyro_sg.laplace import laplace_scales
+    >>> from numpyro_sg.infer.laplace import laplace_scales
     >>> sd = jnp.array([0.5, 2.0])
     >>> laplace_scales(lambda z: -z / sd**2, jnp.ones(2)).round(3)
     array([0.5, 2. ])
@@ -94,7 +94,7 @@ def laplace_approximation(score, init, num_steps: int = 50, tol: float = 1e-4):
     **Example:** a Gaussian N(μ, diag(σ²)) has its mode at μ and Laplace scales σ.
 
     >>> import jax.numpy as jnp
-    >>> from numpyro_sg.laplace import laplace_approximation
+    >>> from numpyro_sg.infer.laplace import laplace_approximation
     >>> mu, sd = jnp.array([1.0, -2.0]), jnp.array([0.5, 2.0])
     >>> mode, scales = laplace_approximation(lambda z: -(z - mu) / sd**2, jnp.zeros(2))
     >>> mode.round(3), scales.round(3)

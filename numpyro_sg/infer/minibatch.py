@@ -3,7 +3,7 @@
 Everything the stochastic-gradient kernels need to know about a model's data lives here:
 
 * :func:`subsample_plates` validates the subsample plates found by the model trace
-  (:func:`numpyro_sg.model_info.trace_model`) and the data in them; :func:`find_subsample_plates`
+  (:func:`numpyro_sg.infer.model_info.trace_model`) and the data in them; :func:`find_subsample_plates`
   is the public one-call version;
 * :func:`with_indices` runs a model with chosen data indices in its plates (the N/n scale
   follows the length of the index array actually used), :func:`full_data` with all of them;
@@ -43,7 +43,7 @@ from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import potential_energy
 from numpyro.primitives import Messenger
 
-from numpyro_sg.model_info import ModelInfo, plates_of, trace_model
+from numpyro_sg.infer.model_info import ModelInfo, plates_of, trace_model
 
 __all__ = [
     "SubsamplePlate",

@@ -7,7 +7,7 @@ chain keys — and returns a :class:`ModelInfo`: the sites (type, shape, support
 subsample plates and their sizes, whether a deterministic site sits inside one, the full data
 arrays passed to ``numpyro.subsample`` (for the data checks and the GLM fast paths), and the
 initial values of the chains on the unconstrained space.  Plate discovery
-(:mod:`numpyro_sg.minibatch`), spike-and-slab introspection (:mod:`numpyro_sg.spike_slab`),
+(:mod:`numpyro_sg.infer.minibatch`), spike-and-slab introspection (:mod:`numpyro_sg.spike_slab`),
 site types and deterministic-site detection all read this object instead of tracing the
 model again.
 """
