@@ -35,7 +35,7 @@ from numpyro_sg.kernels.esgld_informed import (
     glm_anchor,
     informed_indicator_chain,
 )
-from numpyro_sg.kernels.moves import polynomial_schedule
+from numpyro_sg.kernels.step_size import polynomial_schedule
 from numpyro_sg.spike_slab import SpikeSlabError, find_spike_slab, start_fn
 
 LAM, SLAB, SPIKE = 0.3, 1.0, 0.3

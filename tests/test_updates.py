@@ -13,11 +13,8 @@ from numpyro_sg.kernels.sgbd import (
     past_breaking_point,
     sgbd_update,
 )
-from numpyro_sg.kernels.moves import (
-    langevin_move,
-    langevin_noise_variance,
-    polynomial_schedule,
-)
+from numpyro_sg.kernels.moves import langevin_move, langevin_noise_variance
+from numpyro_sg.kernels.step_size import polynomial_schedule
 
 
 def sigmoid(x):

@@ -3,7 +3,7 @@
 from numpyro_sg.kernels.baoab import BAOAB
 from numpyro_sg.kernels.base import DivergenceWarning, GradientKernel, SGKernel
 from numpyro_sg.kernels.esgld import ESGLD
-from numpyro_sg.kernels.moves import polynomial_schedule
+from numpyro_sg.kernels.step_size import polynomial_schedule
 from numpyro_sg.kernels.psgld import PSGLD
 from numpyro_sg.kernels.sgbd import SGBD
 from numpyro_sg.kernels.sghmc import SGHMC, SGNHT

@@ -49,7 +49,7 @@ import numpy as np
 from jax import random
 
 from numpyro_sg.kernels.base import GradientKernel, check_positive, gradient_state
-from numpyro_sg.kernels.moves import resolve_step_size, step_size_at
+from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
 
 __all__ = [
     "BAOAB",

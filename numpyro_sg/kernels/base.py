@@ -17,7 +17,7 @@ the shared options (``subsample_size``, ``replace``, ``init_strategy``, ``check_
   the preconditioner's working frame when the kernel needs it), so a point whose state, log
   density or gradient is non-finite is never emitted as an unflagged draw;
 * **divergence**: a chain whose state, log density or gradient becomes non-finite, or whose
-  gradient norm explodes (:func:`~numpyro_sg.kernels.moves.guard_step`), is frozen at its last
+  gradient norm explodes (:func:`~numpyro_sg.kernels.guard.guard_step`), is frozen at its last
   state before the blow-up, its ``diverging`` field is ``True`` from then on and a
   :class:`DivergenceWarning` names the iteration.
 
@@ -42,7 +42,8 @@ from numpyro.infer.util import constrain_fn
 from numpyro.util import is_prng_key
 
 from numpyro_sg.diagnostics.convergence import ConvergenceWarning, watch_runs
-from numpyro_sg.kernels.moves import ema, freeze, guard_step, init_guard
+from numpyro_sg.kernels.guard import freeze, guarded_update, init_guard, rms
+from numpyro_sg.kernels.moves import ema
 from numpyro_sg.infer.minibatch import (
     Anchor,
     Minibatcher,
@@ -481,7 +482,7 @@ class GradientKernel(SGKernel):
                 precond=precond,
                 anchor=anchor,
                 moments=init_moments(dim, precond.kind == "dense", dtype),
-                guard=init_guard(flat, jnp.sqrt(jnp.mean(grad_w**2))),
+                guard=init_guard(flat, rms(grad_w)),
                 diverging=jnp.array(False),
                 batch_state=batch_state,
                 rng_key=key,
@@ -583,18 +584,16 @@ class GradientKernel(SGKernel):
         est = self._estimate(new_flat, indices, state.anchor, P, model_args, model_kwargs)
         tau = ema(state.grad_noise_sd, est.noise_sd, self.noise_ema_weight)
         finite = all_finite(new_flat) & jnp.isfinite(est.value) & all_finite(est.grad)
-        norm = jnp.sqrt(jnp.mean(to_working(P, est.grad) ** 2))
-        blown, guard = guard_step(state.guard, new_flat, norm, finite)
-        diverging = state.diverging | blown
-        frozen_at = jnp.where(state.diverging, flat, guard.safe)
-        z_flat = jnp.where(diverging, frozen_at, new_flat)
+        kept = guarded_update(state.guard, state.diverging, flat, new_flat,
+                              rms(to_working(P, est.grad)), finite)
+        diverging, z_flat = kept.diverging, kept.flat
         return state._replace(
             i=state.i + 1,
             moments=update_moments(state.moments, z_flat, state.i >= self._moments_from),
             z=self._unravel(z_flat),
             z_grad=freeze(diverging, state.z_grad, est.grad),
             grad_noise_sd=freeze(diverging, state.grad_noise_sd, tau),
-            guard=guard,
+            guard=kept.guard,
             diverging=diverging,
             batch_state=batch_state,
             rng_key=key,

@@ -91,14 +91,9 @@ from numpyro_sg.kernels.esgld_informed import (
     informed_indicator_chain,
     laplace_step_scale,
 )
-from numpyro_sg.kernels.moves import (
-    CallableSchedule,
-    PolynomialSchedule,
-    freeze,
-    langevin_move,
-    langevin_noise_variance,
-    step_size_at,
-)
+from numpyro_sg.kernels.guard import freeze
+from numpyro_sg.kernels.moves import langevin_move, langevin_noise_variance
+from numpyro_sg.kernels.step_size import CallableSchedule, PolynomialSchedule, step_size_at
 from numpyro_sg.infer.minibatch import (
     Minibatcher,
     full_data,
@@ -659,7 +654,7 @@ def proposal_weights(kind, num_coefficients, glm_rows: GLMBatch | None = None, f
 class ESGLDHyper(NamedTuple):
     """Hyperparameters of :class:`ESGLD` held in its state: ``step_size`` ε (a scalar, one entry
     per unconstrained continuous coordinate, or a schedule pytree evaluated at the iteration
-    counter with :func:`~numpyro_sg.kernels.moves.step_size_at`) and ``temperature`` τ."""
+    counter with :func:`~numpyro_sg.kernels.step_size.step_size_at`) and ``temperature`` τ."""
 
     step_size: Any
     temperature: Any
@@ -715,7 +710,7 @@ def anchor_iterations(family_name: str, num_warmup: int) -> tuple:
 
 def esgld_hyperparameters(step_size, temperature, dim: int) -> ESGLDHyper:
     """The :class:`ESGLDHyper` of the options: a plain callable step size is wrapped in a
-    :class:`~numpyro_sg.kernels.moves.CallableSchedule`; an array must have ``dim`` entries.
+    :class:`~numpyro_sg.kernels.step_size.CallableSchedule`; an array must have ``dim`` entries.
 
     **Example:**
 
@@ -862,7 +857,7 @@ def esgld_step(setup: ESGLDSetup, state: ESGLDState, model_args, model_kwargs) -
     (:func:`~numpyro_sg.kernels.esgld_informed.laplace_step_scale`).
 
     A non-finite θ', log density or gradient freezes the chain at its state
-    (:func:`~numpyro_sg.kernels.moves.freeze`) and sets ``diverging`` from then on.
+    (:func:`~numpyro_sg.kernels.guard.freeze`) and sets ``diverging`` from then on.
 
     **Example:**
 

@@ -52,13 +52,8 @@ from jax import random
 from jax.flatten_util import ravel_pytree
 
 from numpyro_sg.kernels.base import GradientKernel, check_positive, gradient_state
-from numpyro_sg.kernels.moves import (
-    ema,
-    langevin_move,
-    langevin_noise_variance,
-    resolve_step_size,
-    step_size_at,
-)
+from numpyro_sg.kernels.moves import ema, langevin_move, langevin_noise_variance
+from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
 from numpyro_sg.infer.preconditioner import from_working, to_working
 
 __all__ = [

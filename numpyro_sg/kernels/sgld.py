@@ -31,12 +31,8 @@ import jax.numpy as jnp
 from jax import random
 
 from numpyro_sg.kernels.base import GradientKernel, check_choice, check_positive, gradient_state
-from numpyro_sg.kernels.moves import (
-    langevin_move,
-    langevin_noise_variance,
-    resolve_step_size,
-    step_size_at,
-)
+from numpyro_sg.kernels.moves import langevin_move, langevin_noise_variance
+from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
 
 __all__ = ["SGLD", "SGLDState", "SGLDHyper", "DEFAULT_STEP_SIZE"]
 

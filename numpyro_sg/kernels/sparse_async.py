@@ -81,7 +81,8 @@ from numpyro_sg.kernels.base import (
     check_positive,
     split_init_key,
 )
-from numpyro_sg.kernels.moves import freeze, langevin_move, mala_step
+from numpyro_sg.kernels.guard import freeze
+from numpyro_sg.kernels.moves import langevin_move, mala_step
 from numpyro_sg.infer.minibatch import Minibatcher, check_data_finite, full_data, jit_with_data, with_indices
 from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.infer.model_info import base_distribution

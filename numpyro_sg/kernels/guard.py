@@ -1,0 +1,121 @@
+r"""Divergence guard shared by every kernel: detect a blow-up, freeze the chain, flag it.
+
+A chain *blows up* when its state, log density or gradient becomes non-finite, or when the
+norm of its gradient (in the kernel's working frame) grows past :data:`BLOWUP_FACTOR` times a
+reference norm learnt from the chain's first steps.  From then on the chain is *frozen* at its
+last safe point and its ``diverging`` flag stays ``True``; the kernel shell warns once
+(:class:`~numpyro_sg.kernels.base.DivergenceWarning`) naming the iteration.
+
+Every kernel calls :func:`guarded_update` once per iteration with the proposed point::
+
+    kept = guarded_update(state.guard, state.diverging, flat, new_flat, grad_norm, finite)
+    # kept.flat: the point the chain keeps; kept.diverging; kept.guard: the new guard state
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from numpyro_sg.kernels.moves import ema
+
+__all__ = ["DivergenceGuard", "init_guard", "guard_step", "freeze", "GuardedPoint", "guarded_update",
+           "rms", "BLOWUP_FACTOR", "SAFE_FACTOR", "GUARD_BURN_IN"]
+
+
+# -------------------------------------------------------------------------------------------
+class DivergenceGuard(NamedTuple):
+    """Blow-up detection state of a chain.
+
+    ``safe`` the last point (flat) whose working-frame gradient norm stayed within
+    :data:`SAFE_FACTOR` of the reference; ``reference`` the reference norm (``inf`` before the
+    first step); ``level`` a moving average of the norm; ``count`` the number of steps seen.
+    """
+
+    safe: Any
+    reference: Any
+    level: Any
+    count: Any
+
+
+#: a gradient norm above this multiple of the reference is a blow-up (divergence)
+BLOWUP_FACTOR = 1e3
+#: points whose gradient norm stays below this multiple of the reference are safe fall-backs
+SAFE_FACTOR = 10.0
+#: steps after which the reference follows the lowest moving average of the norm
+GUARD_BURN_IN = 10
+_LEVEL_WEIGHT = 0.05
+
+
+def init_guard(flat, grad_norm) -> DivergenceGuard:
+    """Guard at the initial point."""
+    norm = jnp.where(jnp.isfinite(grad_norm), grad_norm, 0.0)
+    return DivergenceGuard(flat, jnp.full_like(norm, jnp.inf), norm, jnp.zeros((), jnp.int32))
+
+
+def guard_step(guard: DivergenceGuard, flat, grad_norm, finite):
+    r"""Update the guard with a new point; return ``(blown_up, new_guard)``.
+
+    A chain has *blown up* when its state, log density or gradient is not finite
+    (``finite`` False), or when the norm of its working-frame gradient exceeds
+    :data:`BLOWUP_FACTOR` (1000) × the reference r.  r is the larger of the norms at the
+    start and after the first step (a chain may start at the mode, where the gradient is 0),
+    and after :data:`GUARD_BURN_IN` steps the lowest moving average of the norm seen so far
+    (a running mean over the first 20 steps, then weight 0.05).  An exploding chain (a step
+    size past the stability limit) has a gradient norm that grows geometrically and is caught
+    long before it overflows; a chain that starts far in the tail and moves in has a
+    decreasing norm and is not.  Points whose norm stays below :data:`SAFE_FACTOR` · r become
+    the new ``safe`` point, the state a frozen chain keeps: its last state before the blow-up.
+    """
+    count = guard.count + 1
+    level = ema(guard.level, grad_norm, jnp.maximum(1.0 / (count + 1.0), _LEVEL_WEIGHT))
+    reference = jnp.where(count == 1, jnp.maximum(guard.level, grad_norm), guard.reference)
+    reference = jnp.where(count >= GUARD_BURN_IN, jnp.minimum(reference, level), reference)
+    blown = (~finite) | (grad_norm > BLOWUP_FACTOR * reference)
+    safe_now = finite & (grad_norm <= SAFE_FACTOR * reference)
+    keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+    new = DivergenceGuard(
+        jnp.where(safe_now, flat, guard.safe), keep(reference, guard.reference),
+        keep(level, guard.level), count,
+    )
+    return blown, new
+
+
+def freeze(diverging, old, new):
+    """``old`` where ``diverging`` else ``new`` (pytrees of the same structure)."""
+    return jax.tree.map(lambda a, b: jnp.where(diverging, a, b), old, new)
+
+
+class GuardedPoint(NamedTuple):
+    """The result of :func:`guarded_update`: the point the chain keeps (flat), its
+    ``diverging`` flag and the updated :class:`DivergenceGuard`."""
+
+    flat: Any
+    diverging: Any
+    guard: DivergenceGuard
+
+
+def guarded_update(guard: DivergenceGuard, diverging, flat, new_flat, grad_norm, finite) -> GuardedPoint:
+    """One iteration of the guard: accept ``new_flat`` unless the chain blows up.
+
+    :param guard: the chain's :class:`DivergenceGuard`.
+    :param diverging: the chain's flag before this iteration.
+    :param flat: the chain's current point (flat); kept if it was already diverging.
+    :param new_flat: the proposed point.
+    :param grad_norm: a scalar norm of the gradient at ``new_flat`` in the kernel's working
+        frame (e.g. :func:`rms`), compared with the guard's reference.
+    :param finite: whether the state, log density and gradient at ``new_flat`` are finite.
+    :return: :class:`GuardedPoint` — ``new_flat`` when nothing blew up; otherwise the last safe
+        point (the chain's last state before the blow-up), with ``diverging`` True from now on.
+    """
+    blown, guard = guard_step(guard, new_flat, grad_norm, finite)
+    now = diverging | blown
+    frozen_at = jnp.where(diverging, flat, guard.safe)
+    return GuardedPoint(jnp.where(now, frozen_at, new_flat), now, guard)
+
+
+def rms(x):
+    """Root mean square √(mean x²) of an array: the gradient norm the guard compares."""
+    return jnp.sqrt(jnp.mean(jnp.square(x)))
