@@ -6,7 +6,7 @@ n = 10,000 drawn with replacement, prior N(0, 10²), one chain from θ = 0, ever
 iterations per second = (T_long − T_short)/(t_long − t_short), the fastest of ``--repeats``
 interleaved rounds per (method, length).
 
-Parameters, matched through :func:`numpyro_sg.kernels.sghmc.blackjax_parameters`: our
+Parameters, matched through :func:`numpyro_sg.kernels.momentum.blackjax_parameters`: our
 ε = 1e-6 (η = ε/2 = 5e-7) and friction α = a = 0.1 are BlackJAX's ``step_size`` h = √(ε/2)
 and ``alpha`` = α/h, ``beta`` = 0.
 
@@ -57,7 +57,7 @@ from bench_sgld import (
     rate_from,
     timed,
 )
-from numpyro_sg.kernels.sghmc import blackjax_parameters
+from numpyro_sg.kernels.momentum import blackjax_parameters
 
 STEP_SIZE = 1e-6  # ε in numpyro_sg's convention (as bench_sgld.py)
 FRICTION = 0.1  # α (SGHMC) and a (SGNHT)

@@ -77,7 +77,7 @@ from numpyro_sg.diagnostics.convergence import bulk_ess
 from numpyro_sg.diagnostics.fssd import fssd
 from numpyro_sg.diagnostics.ksd import ksd, ksd_u_statistic, signed_sqrt
 from numpyro_sg.diagnostics.model_scores import ModelScores
-from numpyro_sg.kernels.base import GradientKernel
+from numpyro_sg.kernels.gradient import GradientKernel
 from numpyro_sg.infer.minibatch import Anchor
 from numpyro_sg.infer.warmup import fit_model_mode, starting_points
 

@@ -347,6 +347,7 @@ def test_defaults_match_nuts_on_logistic_regression(name, logistic_nuts):
         warnings.simplefilter("error", nsg.ConvergenceWarning)
         warnings.simplefilter("error", nsg.DivergenceWarning)
         mcmc = _run(DEFAULTS[name](logistic_model), X, y, subsample_size=200)
+        nsg.check_convergence(mcmc)
     s = np.asarray(mcmc.get_samples()["theta"], np.float64)
     xi = np.linalg.norm(s.std(0) - ref.std(0)) / np.linalg.norm(ref.std(0))
     assert xi <= 0.08, xi

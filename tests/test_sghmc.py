@@ -20,15 +20,15 @@ from test_warmup import LARGE, _simulate_large
 
 import numpyro_sg as nsg
 from numpyro_sg.kernels.moves import langevin_noise_variance
-from numpyro_sg.kernels.sghmc import (
+from numpyro_sg.kernels.momentum import (
     blackjax_parameters,
     kinetic_energy,
     learning_rate,
     momentum_update,
     sghmc_noise_variance,
-    sgnht_default_step_size,
     thermostat_update,
 )
+from numpyro_sg.kernels.sghmc import sgnht_default_step_size
 
 KERNELS = {"SGHMC": nsg.SGHMC, "SGNHT": nsg.SGNHT}
 
@@ -237,6 +237,7 @@ def default_runs(linear_data):
             warnings.simplefilter("error", nsg.ConvergenceWarning)
             fields = FIELDS + (("thermostat",) if name == "SGNHT" else ())
             out[name] = _run(make(linear_model), linear_data, extra_fields=fields)
+            nsg.check_convergence(out[name])
     return out
 
 

@@ -12,10 +12,11 @@ draws:
   still travelling towards the posterior shows many sds (flagged above ``drift_max``, 1).
 
 and issues one :class:`ConvergenceWarning` naming the sites at fault, the worst coordinate
-and the remedy.  The stochastic-gradient kernels run it automatically at the end of every
-``MCMC.run`` (:func:`watch_runs`): NumPyro's ``MCMC`` has no end-of-run hook, so the kernel
-registers one on the ``MCMC`` object that calls its ``init`` (an instance-level wrapper of
-the method ``MCMC.run`` calls last, ``_set_collection_params``, pinned to numpyro 0.22).
+and the remedy.  Given an ``MCMC`` whose sampler is one of this package's kernels, the check
+covers the kernel's latent sites and adds the kernel's own findings
+(:meth:`~numpyro_sg.kernels.base.SGKernel.convergence_report`, e.g. draws far from the
+warmup's Laplace approximation).  :func:`numpyro_sg.to_inference_data` runs it by default, so a
+run converted for ArviZ is always checked; call it directly after ``MCMC.run`` otherwise.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-__all__ = ["ConvergenceWarning", "check_convergence", "convergence_table", "bulk_ess", "watch_runs"]
+__all__ = ["ConvergenceWarning", "check_convergence", "convergence_table", "bulk_ess"]
 
 #: at most this many coordinates per site are checked (evenly spaced) — R̂/ESS cost per coordinate
 MAX_COORDINATES = 1000
@@ -135,7 +136,9 @@ def check_convergence(obj, *, rhat_max: float = 1.05, ess_min: float = 100, drif
     """Check a run for convergence; warn (:class:`ConvergenceWarning`) naming the sites at fault.
 
     :param obj: a ``numpyro.infer.MCMC`` after ``run``, an ``arviz.InferenceData`` or a dict
-        ``{site: (chains, draws, …)}``.
+        ``{site: (chains, draws, …)}``.  For an ``MCMC`` whose sampler is one of this
+        package's kernels, the default ``sites`` are the kernel's latent sites and the kernel's
+        own findings are added (:meth:`~numpyro_sg.kernels.base.SGKernel.convergence_report`).
     :param float rhat_max: split-R̂ above this is flagged (default 1.05).
     :param float ess_min: bulk ESS below this is flagged (default 100).
     :param float drift_max: a chain whose first and last thirds differ by more than this many
@@ -144,7 +147,7 @@ def check_convergence(obj, *, rhat_max: float = 1.05, ess_min: float = 100, drif
     :param str label: how the run is named in the warning.
     :param bool warn: issue the warning (default True).
     :param extra_problems: further problems found by the caller (sentences), reported in the
-        same warning (the kernels add the distance of the draws from the Laplace approximation).
+        same warning.
     :return: the :func:`convergence_table` with a boolean column ``ok``.
 
     **Example:**
@@ -155,6 +158,12 @@ def check_convergence(obj, *, rhat_max: float = 1.05, ess_min: float = 100, drif
         table = nsg.check_convergence(mcmc)   # warns when R̂ > 1.05, ESS < 100 or drift > 1 sd
     """
     samples = _run_samples(obj)
+    sampler = getattr(obj, "sampler", None)
+    if hasattr(sampler, "convergence_report") and getattr(obj, "last_state", None) is not None:
+        z = obj.last_state.z
+        sites = list(z) if sites is None and isinstance(z, dict) else sites
+        label = f"{type(sampler).__name__} (MCMC.run)" if label == "the run" else label
+        extra_problems = list(extra_problems) + sampler.convergence_report(obj.last_state)
     if sites is not None:
         samples = {k: v for k, v in samples.items() if k in set(sites)}
     table = convergence_table(samples)
@@ -186,33 +195,3 @@ def _message(table, label, rhat_max, ess_min, drift_max, problems) -> str:
         "step_size if the chain moves too slowly, a smaller one if it is unstable; compare with "
         "NUTS (numpyro_sg.nuts_reference) when it is affordable."
     )
-
-
-def watch_runs(mcmc, label: str, report=None):
-    """Run :func:`check_convergence` on ``mcmc``'s draws at the end of each of its sampling runs.
-
-    Installed once per ``MCMC`` object by the kernels' ``init``; warmup-only runs
-    (``MCMC.warmup``) are not checked.  ``report(mcmc) -> list of sentences`` adds the
-    kernel's own findings to the warning.
-    """
-    if getattr(mcmc, "_numpyro_sg_watched", False):
-        return
-    original = mcmc._set_collection_params
-
-    def set_collection_params(*args, **kwargs):
-        phase = mcmc._collection_params.get("phase")
-        original(*args, **kwargs)
-        if args or kwargs or phase == "warmup" or getattr(mcmc, "_states", None) is None:
-            return
-        try:
-            z = mcmc.last_state.z
-            sites = list(z) if isinstance(z, dict) else None
-            extra = report(mcmc) if report is not None else []
-            check_convergence(mcmc, sites=sites, label=f"{label} (MCMC.run)", extra_problems=extra)
-        except ConvergenceWarning:  # a test turned warnings into errors: let it through
-            raise
-        except Exception as err:  # noqa: BLE001 - a diagnostic must never break a finished run
-            warnings.warn(f"numpyro_sg could not check convergence: {err}", RuntimeWarning, stacklevel=2)
-
-    mcmc._set_collection_params = set_collection_params
-    mcmc._numpyro_sg_watched = True

@@ -1,7 +1,8 @@
 """Stochastic-gradient MCMC kernels (one module per family) and their building blocks."""
 
 from numpyro_sg.kernels.baoab import BAOAB
-from numpyro_sg.kernels.base import DivergenceWarning, GradientKernel, SGKernel
+from numpyro_sg.kernels.base import DivergenceWarning, SGKernel
+from numpyro_sg.kernels.gradient import GradientKernel
 from numpyro_sg.kernels.esgld import ESGLD
 from numpyro_sg.kernels.step_size import polynomial_schedule
 from numpyro_sg.kernels.psgld import PSGLD

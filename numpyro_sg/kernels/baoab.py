@@ -48,7 +48,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import random
 
-from numpyro_sg.kernels.base import GradientKernel, check_positive, gradient_state
+from numpyro_sg.kernels.base import check_positive
+from numpyro_sg.kernels.gradient import GradientKernel, gradient_state
 from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
 
 __all__ = [
@@ -129,7 +130,7 @@ class BAOAB(GradientKernel):
         the scale of √ε, e.g. γ ≈ 1/√ε).
     :param float temperature: τ (default 1).
     :param preconditioner: ``"laplace"`` (default), ``"adapt"``, ``None`` or an array; see
-        :class:`~numpyro_sg.kernels.base.GradientKernel`.
+        :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
     :param str gradient: ``"cv"`` (default) or ``"plain"``.
     :param bool estimate_noise: compute the gradient-noise sd τ̂ (the ``grad_noise_sd``
         field) from per-datum gradients (default ``False``).

@@ -1,93 +1,37 @@
-"""The NumPyro ``MCMCKernel`` shells shared by every stochastic-gradient kernel.
+"""The NumPyro ``MCMCKernel`` shell shared by every stochastic-gradient kernel.
 
 :class:`SGKernel` is the thin NumPyro shell around a kernel's pure step: the ``MCMCKernel``
 contract (``init``, ``sample``, ``postprocess_fn``, fields, diagnostics string), vectorised
 chains (``sample`` ``vmap``-s the pure :meth:`SGKernel.step` over chains), the divergence
-warning, the end-of-run convergence check (:mod:`numpyro_sg.diagnostics.convergence`) and
-the shared options (``subsample_size``, ``replace``, ``init_strategy``, ``check_data``).
+warning, and the shared options (``subsample_size``, ``replace``, ``init_strategy``,
+``check_data``).  Every kernel flags a blown-up chain through
+:func:`numpyro_sg.kernels.guard.guarded_update`; the shell warns once per newly diverged chain
+(:class:`DivergenceWarning`) naming the iteration.
 
-:class:`GradientKernel` adds what every gradient-based kernel (SGLD, SGBD) does the same way:
-
-* **one model trace** at ``init`` (:func:`numpyro_sg.infer.model_info.trace_model`) read by plate
-  discovery, data checks and deterministic-site detection;
-* the **warmup** (:mod:`numpyro_sg.infer.warmup`): the mode of the log posterior, the Laplace
-  preconditioner and the control-variate anchor, computed once before the chains start;
-* the **gradient estimate** at the new point on the next mini-batch, evaluated within the same
-  iteration and kept in the state (plain or control-variate, with the gradient-noise sd τ̂ in
-  the preconditioner's working frame when the kernel needs it), so a point whose state, log
-  density or gradient is non-finite is never emitted as an unflagged draw;
-* **divergence**: a chain whose state, log density or gradient becomes non-finite, or whose
-  gradient norm explodes (:func:`~numpyro_sg.kernels.guard.guard_step`), is frozen at its last
-  state before the blow-up, its ``diverging`` field is ``True`` from then on and a
-  :class:`DivergenceWarning` names the iteration.
-
-A subclass supplies the update maths in the working frame of the preconditioner
-(θ = θ₀ + L·u): ``_move(state, grad_w, noise_sd_w, key) -> (du, fields)``.
+The gradient-based kernels share one more layer, :class:`~numpyro_sg.kernels.gradient.GradientKernel`
+(warmup, preconditioner, gradient estimate, guard).  Convergence is checked at the points the
+package owns: :func:`numpyro_sg.check_convergence` and :func:`numpyro_sg.to_inference_data`
+(NumPyro's ``MCMC`` has no public end-of-run hook); a kernel adds its own findings through
+:meth:`SGKernel.convergence_report`.
 """
 
 from __future__ import annotations
 
-import sys
 import warnings
-from typing import Any, Callable, NamedTuple
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import random
-from jax.flatten_util import ravel_pytree
-from numpyro.infer.initialization import init_to_uniform
-from numpyro.infer.mcmc import MCMC, MCMCKernel
+from numpyro.infer.mcmc import MCMCKernel
 from numpyro.infer.util import constrain_fn
 from numpyro.util import is_prng_key
 
-from numpyro_sg.diagnostics.convergence import ConvergenceWarning, watch_runs
-from numpyro_sg.kernels.guard import freeze, guarded_update, init_guard, rms
-from numpyro_sg.kernels.moves import ema
-from numpyro_sg.infer.minibatch import (
-    Anchor,
-    Minibatcher,
-    full_data,
-    jit_with_data,
-    subsample_plates,
-    with_indices,
-)
-from numpyro_sg.infer.model_info import trace_model
-from numpyro_sg.infer.preconditioner import (
-    Preconditioner,
-    adapted_preconditioner,
-    from_working,
-    init_moments,
-    laplace_misfit,
-    pool_moments,
-    rows_to_working,
-    to_working,
-    update_moments,
-)
-from numpyro_sg.infer.warmup import ModeFit, WarmupOptions, find_mode, starting_points
+from numpyro_sg.infer.minibatch import Minibatcher, full_data, with_indices
 
-__all__ = ["SGKernel", "GradientKernel", "DivergenceWarning", "split_init_key",
-           "all_finite", "gradient_state", "PRECONDITIONERS", "GRADIENTS", "GRADIENT_STATE_FIELDS"]
-
-#: accepted string values of ``preconditioner`` (an array is accepted too)
-PRECONDITIONERS = ("laplace", "adapt", None)
-#: accepted values of ``gradient``
-GRADIENTS = ("cv", "plain")
-
-
-#: the state fields of every gradient kernel; a kernel adds its own (:func:`gradient_state`)
-GRADIENT_STATE_FIELDS = ("i", "z", "z_grad", "grad_noise_sd", "step_size", "hyper", "precond",
-                         "anchor", "moments", "guard", "diverging", "batch_state", "rng_key")
-
-
-def gradient_state(name: str, extra: tuple = (), doc: str = ""):
-    """A state ``NamedTuple`` class with :data:`GRADIENT_STATE_FIELDS` and the kernel's ``extra``
-    fields (inserted after ``step_size``)."""
-    at = GRADIENT_STATE_FIELDS.index("step_size") + 1
-    fields = GRADIENT_STATE_FIELDS[:at] + tuple(extra) + GRADIENT_STATE_FIELDS[at:]
-    cls = NamedTuple(name, [(f, Any) for f in fields])
-    cls.__doc__ = doc
-    return cls
+__all__ = ["SGKernel", "DivergenceWarning", "split_init_key", "all_finite", "check_choice",
+           "check_positive"]
 
 
 class DivergenceWarning(UserWarning):
@@ -110,19 +54,6 @@ def split_init_key(rng_key):
         return True, keys[:, 0], keys[:, 1]
     rng_key, key_init = random.split(rng_key)
     return False, rng_key, key_init
-
-
-def calling_mcmc(max_depth: int = 8):
-    """The ``numpyro.infer.MCMC`` object whose ``run`` is calling a kernel's ``init``, if any."""
-    frame = sys._getframe(1)
-    for _ in range(max_depth):
-        frame = frame.f_back
-        if frame is None:
-            return None
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, MCMC):
-            return candidate
-    return None
 
 
 def check_choice(name, value, choices):
@@ -281,14 +212,12 @@ class SGKernel(MCMCKernel):
             msg += ", DIVERGED"
         return msg
 
-    def _watch(self):
-        """Register the end-of-run convergence check on the ``MCMC`` running this kernel."""
-        mcmc = calling_mcmc()
-        if mcmc is not None:
-            watch_runs(mcmc, type(self).__name__, self._run_report)
+    def convergence_report(self, state) -> list:
+        """Problems of a finished run beyond R̂, ESS and drift, as sentences (default: none).
 
-    def _run_report(self, mcmc) -> list:
-        """Problems of a finished run beyond R̂/ESS/drift, as sentences (default: none)."""
+        :func:`numpyro_sg.check_convergence` and :func:`numpyro_sg.to_inference_data` ask the
+        ``MCMC``'s sampler for them, given ``mcmc.last_state``.
+        """
         return []
 
     def _warn_divergence(self, iteration, newly):
@@ -308,307 +237,3 @@ class SGKernel(MCMCKernel):
             DivergenceWarning,
             stacklevel=2,
         )
-
-
-class GradientKernel(SGKernel):
-    """Shell of the gradient-based kernels (SGLD, SGBD): see the module docstring.
-
-    :param preconditioner: ``"laplace"`` (default: M = the Laplace covariance at the mode
-        found by the warmup — dense for up to ``warmup_options.dense_max`` coordinates,
-        diagonal above), ``"adapt"`` (Laplace, then re-estimated from each chain's warmup
-        draws), ``None`` (M = I: step sizes in absolute units), or an array: per-coordinate
-        scales (d,) (M = diag(scale²)) or a covariance (d, d).
-    :param str gradient: ``"cv"`` (default: control variates around the warmup mode) or
-        ``"plain"`` (the mini-batch gradient).
-    :param warmup_options: a :class:`~numpyro_sg.infer.warmup.WarmupOptions` (or a dict of its
-        fields) for the mode search, or a :class:`~numpyro_sg.infer.warmup.ModeFit` computed before
-        (reused as is).
-
-    Memory per step is O(n·k + d) at any d: the gradient-noise sd τ̂ (when the kernel needs it)
-    comes from per-datum gradients only while n·d ≤ 10⁶, else from k ≤ 16 group means
-    (attribute ``noise_groups``, :func:`numpyro_sg.infer.minibatch.noise_groups`); the Laplace
-    preconditioner is diagonal above ``warmup_options.dense_max`` coordinates (Hutchinson
-    estimate from Hessian-vector products, never a d×d matrix).
-    """
-
-    #: the keyword arguments every gradient kernel passes to this class's ``__init__``
-    SHARED_OPTIONS = ("preconditioner", "gradient", "warmup_options", "subsample_size", "replace",
-                      "init_strategy", "check_data", "noise_ema_weight")
-
-    def __init__(self, model, step_size=None, *, preconditioner="laplace", gradient="cv",
-                 warmup_options=None, subsample_size=None, replace=True, init_strategy=None,
-                 check_data=True, noise_ema_weight=0.1):
-        super().__init__(model, subsample_size=subsample_size, replace=replace,
-                         init_strategy=init_strategy, check_data=check_data)
-        if not (isinstance(preconditioner, (str, type(None)))):
-            preconditioner = np.asarray(preconditioner, dtype=float)
-            if preconditioner.ndim not in (1, 2):
-                raise ValueError(
-                    "preconditioner as an array must be per-coordinate scales (d,) or a "
-                    f"covariance (d, d); got shape {preconditioner.shape}."
-                )
-        else:
-            check_choice("preconditioner", preconditioner, PRECONDITIONERS + ("an array",))
-        check_choice("gradient", gradient, GRADIENTS)
-        if not 0.0 < noise_ema_weight <= 1.0:
-            raise ValueError(f"noise_ema_weight must lie in (0, 1], got {noise_ema_weight}.")
-        self.preconditioner = preconditioner
-        self.gradient = gradient
-        self.noise_ema_weight = float(noise_ema_weight)
-        if isinstance(warmup_options, ModeFit):
-            self._fit, self.warmup_options = warmup_options, WarmupOptions()
-        else:
-            self._fit = None
-            self.warmup_options = WarmupOptions.of(warmup_options)
-        if step_size is None and preconditioner is None:
-            raise ValueError(
-                "step_size=None chooses the step size in the units of the preconditioner; with "
-                "preconditioner=None give step_size (in the units of the parameters)."
-            )
-        self.step_size = step_size
-        self.estimate_noise = False
-        #: groups k of the gradient-noise estimate τ̂ (``None``: per datum at small n·d, else
-        #: up to 16 group means; :func:`numpyro_sg.infer.minibatch.noise_groups`); set before ``run``
-        self.noise_groups = None
-        self._fit_key = None
-
-    @classmethod
-    def shared(cls, arguments: dict) -> dict:
-        """The :data:`SHARED_OPTIONS` among a subclass's ``__init__`` arguments (``locals()``)."""
-        return {k: arguments[k] for k in cls.SHARED_OPTIONS}
-
-    @property
-    def mode_fit(self) -> ModeFit | None:
-        """The warmup's :class:`~numpyro_sg.infer.warmup.ModeFit` (mode, preconditioner, anchor),
-        known after ``init`` when the kernel ran one."""
-        return self._fit
-
-    def use_mode_fit(self, fit: ModeFit):
-        """Reuse ``fit``, the warmup's result for the same model and data (e.g. another kernel's
-        :attr:`mode_fit`, or :func:`~numpyro_sg.infer.warmup.fit_model_mode`'s), instead of searching
-        for the mode again at ``init``; the tuners share one fit among their arms this way."""
-        if not isinstance(fit, ModeFit):
-            raise TypeError(f"fit must be a numpyro_sg.infer.warmup.ModeFit, got {type(fit).__name__}.")
-        self._fit, self._fit_key = fit, None
-
-    # -- init ------------------------------------------------------------------------------
-    def _needs_mode(self, init_params) -> bool:
-        if isinstance(self.preconditioner, str) or self.gradient == "cv":
-            return True
-        return init_params is None and self._init_strategy is None
-
-    def _mode_fit(self, info, model_args, model_kwargs):
-        """The warmup's ModeFit, computed once per data set (chains of "sequential" reuse it)."""
-        leaves = tuple(id(x) for x in jax.tree.leaves((model_args, model_kwargs)))
-        if self._fit is not None and (self._fit_key is None or self._fit_key == leaves):
-            return self._fit
-        self._fit = find_mode(self._mb, info, self._unravel, model_args, model_kwargs,
-                              self.warmup_options)
-        self._fit_key = leaves
-        if not self._fit.converged:
-            warnings.warn(
-                f"{type(self).__name__}: the warmup's mode search did not converge in "
-                f"{self._fit.newton_steps} Newton steps (the log posterior may have no mode, or a "
-                "flat or non-concave region near it); the Laplace preconditioner and the chains' "
-                "start may be poor. Check the model, raise warmup_options={'newton_steps': …, "
-                "'optimizer_steps': …}, or pass init_strategy and preconditioner='adapt'.",
-                ConvergenceWarning, stacklevel=3,
-            )
-        return self._fit
-
-    def _geometry(self, fit: ModeFit | None, dim: int, dtype):
-        """(Preconditioner, Anchor or None) from the options and the warmup's fit."""
-        P = self.preconditioner
-        if isinstance(P, str):
-            precond = fit.preconditioner
-        elif P is None:
-            precond = Preconditioner()
-        elif P.ndim == 1:
-            if P.shape != (dim,):
-                raise ValueError(f"preconditioner scales have shape {P.shape}; the model has {dim} unconstrained coordinates.")
-            precond = Preconditioner(scale=jnp.asarray(P, dtype))
-        else:
-            if P.shape != (dim, dim):
-                raise ValueError(f"preconditioner covariance has shape {P.shape}; the model has {dim} unconstrained coordinates.")
-            precond = Preconditioner(chol=jnp.asarray(np.linalg.cholesky(P), dtype))
-        anchor = Anchor(fit.mode, fit.grad) if self.gradient == "cv" else None
-        return precond, anchor
-
-    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
-        model_kwargs = {} if model_kwargs is None else model_kwargs
-        self._num_warmup = int(num_warmup)
-        self._set_adaptation_schedule()
-        batched, rng_key, key_init = split_init_key(rng_key)
-        need_mode = self._needs_mode(init_params)
-        strategy = self._init_strategy
-        with jax.ensure_compile_time_eval():  # structural work stays eager under pmap too
-            info = trace_model(self._model, model_args, model_kwargs,
-                               init_strategy=(strategy or init_to_uniform) if init_params is None else None,
-                               rng_key=key_init)
-            plates = subsample_plates(info, self._subsample_size, check_data=self._check_data,
-                                      model_args=model_args, model_kwargs=model_kwargs)
-            if self.estimate_noise and len(plates) > 1:
-                raise ValueError(
-                    f"{type(self).__name__} with these settings estimates the gradient noise from "
-                    f"per-datum gradients, which needs exactly one subsample plate; the model has "
-                    f"{[p.name for p in plates]}."
-                )
-            self._mb = Minibatcher(self._model, plates, replace=self._replace)
-            self._deterministic_in_plate = info.deterministic_in(p.name for p in plates)
-            _, self._unravel = ravel_pytree(info.unconstrained_example())
-            fit = self._mode_fit(info, model_args, model_kwargs) if need_mode else None
-        dtype = jnp.result_type(float)
-        dim = ravel_pytree(info.unconstrained_example())[0].shape[0]
-        precond, anchor = self._geometry(fit, dim, dtype)
-        hyper = self._hyperparameters(dim, precond)
-        if init_params is None and (strategy is not None or fit is None):
-            init_params = info.init_values
-        starts = starting_points(init_params, fit, rng_key, batched, self._unravel,
-                                 self.warmup_options.jitter)
-
-        def init_one(params, key, model_args, model_kwargs):
-            flat = ravel_pytree(params)[0].astype(dtype)
-            key, key_batch, key_idx = random.split(key, 3)
-            batch_state = self._mb.init_batch_state(key_batch)
-            indices, batch_state = self._mb.draw(key_idx, batch_state)
-            est = self._estimate(flat, indices, anchor, precond, model_args, model_kwargs)
-            grad_w = to_working(precond, est.grad)
-            return self.State(
-                i=jnp.int32(0),
-                z=self._unravel(flat),
-                z_grad=est.grad,
-                grad_noise_sd=est.noise_sd,
-                hyper=hyper,
-                precond=precond,
-                anchor=anchor,
-                moments=init_moments(dim, precond.kind == "dense", dtype),
-                guard=init_guard(flat, rms(grad_w)),
-                diverging=jnp.array(False),
-                batch_state=batch_state,
-                rng_key=key,
-                **self._init_fields(est.noise_sd, hyper, dim, dtype),
-            )
-
-        if batched:
-            init_one = jax.vmap(init_one, in_axes=(0, 0, None, None))
-        state = jit_with_data(init_one, model_args, model_kwargs)(starts, rng_key)
-        self._sample_fn = self.sample
-        self._watch()
-        return state
-
-    # -- warmup adaptation and the end-of-run report --------------------------------------
-    #: fractions of num_warmup: moments collected from the first, preconditioner re-estimated
-    #: (and moments reset) at the others ("adapt"); moments reset at the end of warmup
-    ADAPT_WINDOWS = (0.15, 0.5, 0.85)
-
-    def _set_adaptation_schedule(self):
-        W = self._num_warmup
-        start, *updates = (int(f * W) for f in self.ADAPT_WINDOWS)
-        adapt = isinstance(self.preconditioner, str) and self.preconditioner == "adapt" and W > 0
-        self._adapt_at = tuple(u for u in updates if u > start) if adapt else ()
-        self._moments_from = start if adapt else W
-
-    def _between_steps(self, state):
-        """Re-estimate the preconditioner ("adapt") at its warmup iterations and restart the
-        moments there and at the end of warmup (so the report covers the kept draws)."""
-        single = is_prng_key(state.rng_key)
-        i0 = state.i if single else state.i[0]  # every chain is at the same iteration
-
-        def refit(st):
-            return st._replace(precond=adapted_preconditioner(st.precond, st.moments))
-
-        def reset(st):
-            return st._replace(moments=jax.tree.map(jnp.zeros_like, st.moments))
-
-        for fn, at in ((refit, self._adapt_at), (reset, self._adapt_at + (self._num_warmup,))):
-            if at:
-                fn_all = fn if single else jax.vmap(fn)
-                state = jax.lax.cond(jnp.isin(i0, jnp.asarray(at)), fn_all, lambda s: s, state)
-        return state
-
-    #: the end-of-run report flags draws whose whitened mean is further than this many Laplace
-    #: sds from the mode, or whose whitened covariance has eigenvalues outside this range
-    MISFIT_OFFSET, MISFIT_EIGENVALUES = 2.0, (0.25, 4.0)
-
-    def _run_report(self, mcmc) -> list:
-        fit, m = self._fit, getattr(mcmc.last_state, "moments", None)
-        if fit is None or m is None or fit.mode.shape[0] > self.warmup_options.dense_max:
-            # a diagonal Laplace preconditioner (d > dense_max) ignores the correlations and
-            # is shrunk for stability (WarmupOptions.stabilise_diagonal): it is no posterior
-            # approximation to measure the draws against, so the misfit is not reported
-            return []
-        d = fit.mode.shape[0]
-        counts = np.asarray(m.count).reshape(-1)
-        if counts.sum() < 50:
-            return []
-        means = np.asarray(m.mean).reshape(-1, d)
-        m2s = np.asarray(m.m2)
-        m2s = m2s.reshape((len(counts), d, d) if m2s.size == len(counts) * d * d else (len(counts), d))
-        _, mean, cov = pool_moments(counts, means, m2s)
-        offset, low, high = laplace_misfit(fit.preconditioner, fit.mode, mean, cov)
-        lo, hi = self.MISFIT_EIGENVALUES
-        if offset <= self.MISFIT_OFFSET and lo <= low and high <= hi:
-            return []
-        return [
-            f"the draws are far from the Laplace approximation at the warmup's mode (their mean "
-            f"is up to {offset:.2g} Laplace sds from the mode, their variance {low:.2g}–{high:.2g} "
-            "times the Laplace variance along some directions): the posterior is far from "
-            "Gaussian, where the default step sizes, calibrated on near-Gaussian posteriors, can "
-            "be biased; check against NUTS or use a smaller step_size and "
-            "preconditioner='adapt'"
-        ]
-
-    # -- one iteration ----------------------------------------------------------------------
-    def _estimate(self, flat, indices, anchor, precond, model_args, model_kwargs):
-        """Gradient estimate (value, ĝ, τ̂ in the working frame) at ``flat`` on ``indices``."""
-        log_density = self._mb.log_density_fn(model_args, model_kwargs)
-        unravel = self._unravel
-
-        def flat_log_density(x, idx):
-            return log_density(unravel(x), idx)
-
-        return self._mb.estimate(
-            flat_log_density, flat, indices, anchor=anchor, noise=self.estimate_noise,
-            to_working=lambda G: rows_to_working(precond, G), groups=self.noise_groups,
-        )
-
-    def step(self, state, model_args, model_kwargs):
-        """One iteration of one chain (pure): move in the working frame, then evaluate ĝ (and
-        τ̂) at the new point on the next mini-batch; freeze the chain on a blow-up."""
-        key, key_batch, key_move = random.split(state.rng_key, 3)
-        flat = ravel_pytree(state.z)[0]
-        P = state.precond
-        du, fields = self._move(state, to_working(P, state.z_grad), state.grad_noise_sd, key_move)
-        new_flat = flat + from_working(P, du)
-        indices, batch_state = self._mb.draw(key_batch, state.batch_state)
-        est = self._estimate(new_flat, indices, state.anchor, P, model_args, model_kwargs)
-        tau = ema(state.grad_noise_sd, est.noise_sd, self.noise_ema_weight)
-        finite = all_finite(new_flat) & jnp.isfinite(est.value) & all_finite(est.grad)
-        kept = guarded_update(state.guard, state.diverging, flat, new_flat,
-                              rms(to_working(P, est.grad)), finite)
-        diverging, z_flat = kept.diverging, kept.flat
-        return state._replace(
-            i=state.i + 1,
-            moments=update_moments(state.moments, z_flat, state.i >= self._moments_from),
-            z=self._unravel(z_flat),
-            z_grad=freeze(diverging, state.z_grad, est.grad),
-            grad_noise_sd=freeze(diverging, state.grad_noise_sd, tau),
-            guard=kept.guard,
-            diverging=diverging,
-            batch_state=batch_state,
-            rng_key=key,
-            **fields,
-        )
-
-    # -- hooks for subclasses ---------------------------------------------------------------
-    def _hyperparameters(self, dim, precond):  # pragma: no cover - abstract
-        """The kernel's hyperparameter NamedTuple (validated against the dimension)."""
-        raise NotImplementedError
-
-    def _init_fields(self, noise_sd, hyper, dim, dtype):  # pragma: no cover - abstract
-        """Kernel-specific state fields at the initial point."""
-        raise NotImplementedError
-
-    def _move(self, state, grad_w, noise_sd_w, key):  # pragma: no cover - abstract
-        """Increment du of the working coordinates, and the kernel's updated state fields."""
-        raise NotImplementedError

@@ -1307,7 +1307,6 @@ class ESGLD(SGKernel):
             init_one = jax.vmap(init_one, in_axes=(0, 0, 0, 0, None, None))
         state = jit_with_data(init_one, model_args, model_kwargs)(key_init, rng_key, given, gamma0)
         self._sample_fn = self.sample
-        self._watch()
         return state
 
     # -- one iteration -----------------------------------------------------------------

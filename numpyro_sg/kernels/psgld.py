@@ -51,7 +51,8 @@ import numpy as np
 from jax import random
 from jax.flatten_util import ravel_pytree
 
-from numpyro_sg.kernels.base import GradientKernel, check_positive, gradient_state
+from numpyro_sg.kernels.base import check_positive
+from numpyro_sg.kernels.gradient import GradientKernel, gradient_state
 from numpyro_sg.kernels.moves import ema, langevin_move, langevin_noise_variance
 from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
 from numpyro_sg.infer.preconditioner import from_working, to_working
@@ -164,7 +165,7 @@ class PSGLD(GradientKernel):
         (Li et al.).
     :param float temperature: τ (default 1).
     :param preconditioner: ``"laplace"`` (default), ``"adapt"``, ``None`` or an array; see
-        :class:`~numpyro_sg.kernels.base.GradientKernel`.
+        :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
     :param str gradient: ``"cv"`` (default) or ``"plain"``.
     :param correct_discretisation: inject ε·τ·G·(1 − ε·G/4) instead of ε·τ·G (default: on with
         the ``"laplace"``/``"adapt"`` preconditioner, off otherwise).

@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import random
 
-from numpyro_sg.kernels.base import GradientKernel, check_choice, gradient_state
+from numpyro_sg.kernels.base import check_choice
+from numpyro_sg.kernels.gradient import GradientKernel, gradient_state
 
 __all__ = [
     "SGBD",
@@ -159,7 +160,7 @@ class SGBD(GradientKernel):
         paper's algorithm); ``False`` (default) keeps ``step_size``.  The rule is meant for
         plain gradients: with control variates τ̂ is small and the adapted σ large.
     :param preconditioner: ``"laplace"`` (default), ``"adapt"``, ``None`` or an array; see
-        :class:`~numpyro_sg.kernels.base.GradientKernel`.
+        :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
     :param str gradient: ``"cv"`` (default) or ``"plain"``.
     :param correct_discretisation: use c = 1 + σ²/4 (default: on with the
         ``"laplace"``/``"adapt"`` preconditioner).

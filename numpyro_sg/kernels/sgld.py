@@ -30,7 +30,8 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 from jax import random
 
-from numpyro_sg.kernels.base import GradientKernel, check_choice, check_positive, gradient_state
+from numpyro_sg.kernels.base import check_choice, check_positive
+from numpyro_sg.kernels.gradient import GradientKernel, gradient_state
 from numpyro_sg.kernels.moves import langevin_move, langevin_noise_variance
 from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
 
@@ -52,7 +53,7 @@ class SGLDHyper(NamedTuple):
 SGLDState = gradient_state("SGLDState", doc="""State of :class:`SGLD`.
 
 ``i`` iteration counter (warmup included); ``z`` unconstrained parameters (dict);
-``z_grad`` the stochastic gradient ĝ at ``z`` (flat); ``grad_noise_sd`` the EMA τ̂ of the
+``log_density_grad`` the stochastic gradient ĝ at ``z`` (flat); ``grad_noise_sd`` the EMA τ̂ of the
 gradient-noise sd per working coordinate (NaN when not estimated); ``step_size`` the ε that
 produced ``z``; ``hyper`` the :class:`SGLDHyper`; ``precond`` the preconditioner; ``anchor``
 the control-variate anchor (``None`` for plain gradients); ``guard`` the blow-up detector;
@@ -79,7 +80,7 @@ class SGLD(GradientKernel):
         variance from the injected noise; needs τ̂ from per-datum gradients).
     :param float temperature: τ (default 1).
     :param preconditioner: ``"laplace"`` (default), ``"adapt"``, ``None`` or an array; see
-        :class:`~numpyro_sg.kernels.base.GradientKernel`.
+        :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
     :param str gradient: ``"cv"`` (default) or ``"plain"``.
     :param correct_discretisation: inject ε·τ·(1 − ε/4) instead of ε·τ (default: on with the
         ``"laplace"``/``"adapt"`` preconditioner, off otherwise).

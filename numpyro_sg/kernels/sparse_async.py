@@ -1027,7 +1027,6 @@ class SparseAsync(SGKernel):
         state = jit_with_data(init_one, model_args, model_kwargs)(
             params, delta.astype(jnp.int32), rng_key, self._constants)
         self._sample_fn = self.sample
-        self._watch()
         return state
 
     def _prepare(self, key_init, init_params, num_chains, model_args, model_kwargs):
