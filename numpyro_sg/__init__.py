@@ -1,7 +1,7 @@
 """numpyro_sg: stochastic-gradient MCMC kernels for NumPyro, with ArviZ output and KSD."""
 
 from numpyro_sg.kernels import ESGLD, SGBD, SGLD, DivergenceWarning, SparseAsync, polynomial_schedule
-from numpyro_sg.kernels import BAOAB, PSGLD
+from numpyro_sg.kernels import BAOAB, PSGLD, CyclicalSGLD
 from numpyro_sg.kernels import SGHMC, SGNHT
 from numpyro_sg.results.inference_data import summary, to_inference_data
 from numpyro_sg.diagnostics.convergence import ConvergenceWarning, check_convergence
@@ -44,4 +44,4 @@ __all__ = [
     "heuristic_step_size",
     "selection_summary",
 ]
-__all__ += ["PSGLD", "BAOAB"]
+__all__ += ["PSGLD", "BAOAB", "CyclicalSGLD"]

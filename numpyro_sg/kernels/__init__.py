@@ -1,6 +1,7 @@
 """Stochastic-gradient MCMC kernels (one module per family) and their building blocks."""
 
 from numpyro_sg.kernels.baoab import BAOAB
+from numpyro_sg.kernels.cyclical import CyclicalSGLD
 from numpyro_sg.kernels.base import DivergenceWarning, SGKernel
 from numpyro_sg.kernels.gradient import GradientKernel
 from numpyro_sg.kernels.esgld import ESGLD
@@ -13,4 +14,4 @@ from numpyro_sg.kernels.sparse_async import SparseAsync
 
 __all__ = ["SGKernel", "GradientKernel", "DivergenceWarning", "SGLD", "SGBD", "ESGLD", "SparseAsync",
            "polynomial_schedule"]
-__all__ += ["PSGLD", "BAOAB", "SGHMC", "SGNHT"]
+__all__ += ["PSGLD", "BAOAB", "SGHMC", "SGNHT", "CyclicalSGLD"]
