@@ -5,6 +5,7 @@ public function and class."""
 from __future__ import annotations
 
 import ast
+import re
 import importlib
 import inspect
 from pathlib import Path
@@ -190,3 +191,90 @@ def test_every_public_function_and_class_has_a_docstring():
             if (inspect.isclass(obj) or callable(obj)) and not (_own_doc(obj) or "").strip():
                 missing.append(f"{module}.{name}")
     assert not missing, "public functions/classes without a docstring:\n" + "\n".join(missing)
+
+
+# -- the layout: layers, sizes, user-facing text --------------------------------------------------
+#: what each part of the package may import from the others (subpackage or top-level module):
+#: infer is the bottom layer (model tracing, mini-batching, preconditioning, Laplace, warmup);
+#: diagnostics and spike_slab read models through it; kernels stand on the three; results,
+#: tuning and datasets sit on top; the package ``__init__`` and the command line see everything.
+LAYERS = {
+    "version": set(),
+    "infer": {"version"},
+    "spike_slab": {"infer"},
+    "diagnostics": {"infer"},
+    "kernels": {"infer", "spike_slab", "diagnostics"},
+    "results": {"infer", "spike_slab", "diagnostics", "version"},
+    "datasets": {"kernels"},
+    "tuning": {"infer", "diagnostics", "kernels", "results"},
+    "cli": {"datasets", "kernels", "results", "diagnostics", "version", "__init__"},
+    "__init__": None,  # anything
+}
+#: the most lines a module may have
+MAX_MODULE_LINES = 400
+#: the most lines a function may have unless its docstring says why ("Long because …")
+MAX_FUNCTION_LINES = 60
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_every_part_imports_only_from_the_layers_below_it():
+    unknown = sorted({_part(m) for m in MODULES} - set(LAYERS))
+    assert not unknown, f"parts of the package with no layer in LAYERS: {unknown}"
+    found = []
+    for module, targets in sorted(_graph().items()):
+        allowed = LAYERS[_part(module)]
+        for target in sorted(targets):
+            if allowed is not None and _part(target) != _part(module) and _part(target) not in allowed:
+                found.append(f"{module} imports {target}")
+    assert not found, "imports against the layering:\n" + "\n".join(found)
+
+
+def test_modules_are_short():
+    long = [f"{path.relative_to(ROOT.parent)}: {n} lines" for path, _ in SOURCES.values()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES]
+    assert not long, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(long)
+
+
+def test_long_functions_say_why():
+    found = []
+    for path, tree in SOURCES.values():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES and "Long because" not in (ast.get_docstring(node) or ""):
+                    found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} {node.name}: {n} lines")
+    assert not found, (f"functions over {MAX_FUNCTION_LINES} lines whose docstring does not say "
+                       "why ('Long because …'):\n" + "\n".join(found))
+
+
+def test_no_stack_walking_private_numpyro_api_or_prints():
+    """Kernels never look for their MCMC on the call stack nor patch NumPyro's private methods,
+    and the library never prints (the command line and plots aside)."""
+    found = []
+    for module, (path, tree) in sorted(SOURCES.items()):
+        where = path.relative_to(ROOT.parent)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("_getframe", "f_back", "f_locals"):
+                found.append(f"{where}:{node.lineno}: {node.attr}")
+            if (isinstance(node, ast.Attribute) and _is_private(node.attr)
+                    and isinstance(node.value, ast.Name) and node.value.id in ("mcmc", "MCMC")):
+                found.append(f"{where}:{node.lineno}: {node.value.id}.{node.attr}")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
+                    and _part(module) != "cli"):
+                found.append(f"{where}:{node.lineno}: print")
+    assert not found, "\n".join(found)
+
+
+def test_user_facing_text_cites_no_internal_document():
+    """Docstrings, docs and the README cite papers by authors, year and title, never the
+    project's internal documents (a design spec, numbered paper files, issue numbers)."""
+    pattern = re.compile(r"SPEC|paper 00|issue #")
+    files = [p for p in ROOT.rglob("*.py")]
+    files += list((ROOT.parent / "docs").glob("*.md")) + [ROOT.parent / "README.md"]
+    found = [f"{p.relative_to(ROOT.parent)}:{i}: {line.strip()}" for p in files
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert not found, "\n".join(found)
