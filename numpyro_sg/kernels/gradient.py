@@ -46,7 +46,7 @@ from numpyro_sg.infer.preconditioner import (
     update_moments,
 )
 from numpyro_sg.infer.warmup import ModeFit, WarmupOptions, find_mode, starting_points
-from numpyro_sg.kernels.base import SGKernel, all_finite, check_choice, split_init_key
+from numpyro_sg.kernels.base import PerDataCache, SGKernel, all_finite, check_choice, split_init_key
 from numpyro_sg.kernels.guard import freeze, guarded_update, init_guard, rms
 from numpyro_sg.kernels.moves import ema
 
@@ -119,10 +119,11 @@ class GradientKernel(SGKernel):
         self.preconditioner = preconditioner
         self.gradient = gradient
         self.noise_ema_weight = float(noise_ema_weight)
+        self._fits = PerDataCache()  # the warmup's ModeFit, once per data set
         if isinstance(warmup_options, ModeFit):
-            self._fit, self.warmup_options = warmup_options, WarmupOptions()
+            self._fits.set(warmup_options)
+            self.warmup_options = WarmupOptions()
         else:
-            self._fit = None
             self.warmup_options = WarmupOptions.of(warmup_options)
         if step_size is None and preconditioner is None:
             raise ValueError(
@@ -134,7 +135,6 @@ class GradientKernel(SGKernel):
         #: groups k of the gradient-noise estimate τ̂ (``None``: per datum at small n·d, else
         #: up to 16 group means; :func:`numpyro_sg.infer.minibatch.noise_groups`); set before ``run``
         self.noise_groups = None
-        self._fit_key = None
 
     @classmethod
     def shared(cls, arguments: dict) -> dict:
@@ -145,7 +145,7 @@ class GradientKernel(SGKernel):
     def mode_fit(self) -> ModeFit | None:
         """The warmup's :class:`~numpyro_sg.infer.warmup.ModeFit` (mode, preconditioner, anchor),
         known after ``init`` when the kernel ran one."""
-        return self._fit
+        return self._fits.value
 
     def use_mode_fit(self, fit: ModeFit):
         """Reuse ``fit``, the warmup's result for the same model and data (e.g. another kernel's
@@ -153,7 +153,7 @@ class GradientKernel(SGKernel):
         for the mode again at ``init``; the tuners share one fit among their arms this way."""
         if not isinstance(fit, ModeFit):
             raise TypeError(f"fit must be a numpyro_sg.infer.warmup.ModeFit, got {type(fit).__name__}.")
-        self._fit, self._fit_key = fit, None
+        self._fits.set(fit)
 
     # -- init ------------------------------------------------------------------------------
     def _needs_mode(self, init_params) -> bool:
@@ -163,22 +163,21 @@ class GradientKernel(SGKernel):
 
     def _mode_fit(self, info, model_args, model_kwargs):
         """The warmup's ModeFit, computed once per data set (chains of "sequential" reuse it)."""
-        leaves = tuple(id(x) for x in jax.tree.leaves((model_args, model_kwargs)))
-        if self._fit is not None and (self._fit_key is None or self._fit_key == leaves):
-            return self._fit
-        self._fit = find_mode(self._mb, info, self._unravel, model_args, model_kwargs,
-                              self.warmup_options)
-        self._fit_key = leaves
-        if not self._fit.converged:
+        return self._fits.get(model_args, model_kwargs,
+                              lambda: self._search_mode(info, model_args, model_kwargs))
+
+    def _search_mode(self, info, model_args, model_kwargs):
+        fit = find_mode(self._mb, info, self._unravel, model_args, model_kwargs, self.warmup_options)
+        if not fit.converged:
             warnings.warn(
                 f"{type(self).__name__}: the warmup's mode search did not converge in "
-                f"{self._fit.newton_steps} Newton steps (the log posterior may have no mode, or a "
+                f"{fit.newton_steps} Newton steps (the log posterior may have no mode, or a "
                 "flat or non-concave region near it); the Laplace preconditioner and the chains' "
                 "start may be poor. Check the model, raise warmup_options={'newton_steps': …, "
                 "'optimizer_steps': …}, or pass init_strategy and preconditioner='adapt'.",
-                ConvergenceWarning, stacklevel=3,
+                ConvergenceWarning, stacklevel=4,
             )
-        return self._fit
+        return fit
 
     def _geometry(self, fit: ModeFit | None, dim: int, dtype):
         """(Preconditioner, Anchor or None) from the options and the warmup's fit."""
@@ -306,7 +305,7 @@ class GradientKernel(SGKernel):
     def convergence_report(self, state) -> list:
         """The draws' distance from the Laplace approximation at the warmup's mode, when it is
         large (a sentence), from the moments the chains collected over the kept draws."""
-        fit, m = self._fit, getattr(state, "moments", None)
+        fit, m = self._fits.value, getattr(state, "moments", None)
         if fit is None or m is None or fit.mode.shape[0] > self.warmup_options.dense_max:
             # a diagonal Laplace preconditioner (d > dense_max) ignores the correlations and
             # is shrunk for stability (WarmupOptions.stabilise_diagonal): it is no posterior
