@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
 
+from numpyro_sg.kernels.base import PerDataCache
+
 __all__ = ["MAX_CHUNK", "Batch", "vectorisable", "make_batches"]
 
 #: iterations per compiled call, at most
@@ -29,6 +31,8 @@ def _is_real_scalar(value) -> bool:
 def _same(a, b) -> bool:
     if a is b:
         return True
+    if isinstance(a, PerDataCache) and isinstance(b, PerDataCache):  # a kernel's warmup cache
+        return _same(a.value, b.value)
     try:
         if isinstance(a, (np.ndarray, jnp.ndarray)) or isinstance(b, (np.ndarray, jnp.ndarray)):
             return np.shape(a) == np.shape(b) and bool(np.all(np.asarray(a) == np.asarray(b)))
