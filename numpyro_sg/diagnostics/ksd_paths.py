@@ -5,7 +5,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_sg.diagnostics.ksd_blocks import check_block, default_block, normalise, pair_block_sums, to_device
+from numpyro_sg.diagnostics.ksd_blocks import (
+    check_block,
+    default_block,
+    normalise,
+    pair_block_sums,
+    to_device,
+)
 from numpyro_sg.diagnostics.scales import precondition, resolve_scales
 from numpyro_sg.diagnostics.stein_kernels import signed_sqrt
 from numpyro_sg.diagnostics.validation import (
