@@ -1,4 +1,5 @@
-r"""Finite set Stein discrepancy (FSSD, Jitkrittum et al. 2017; paper 002 §2.2.2, SPEC §7).
+r"""Finite set Stein discrepancy (FSSD) of Jitkrittum et al. (2017), "A linear-time kernel
+goodness-of-fit test".
 
 Gaussian kernel k(θ, v) = exp(−‖θ − v‖²/(2σ²)), score s(θ) = ∇ log π(θ).  The Stein witness
 at a test location v is::
@@ -22,9 +23,10 @@ Draws and scores are preconditioned as for the KSD (x → x/s, score → score·
 pairwise distance of the preconditioned draws, and the J locations are drawn from a Gaussian
 fitted to the preconditioned draws.
 
-**FSSD-opt.**  Paper 002 (§2.2.2 and appendix B.1.3) draws 10 locations from a Gaussian fit
-and moves them "by gradient ascent so that they maximise the FSSD", using Adam.  We follow
-that: ``optimize=True`` runs ``num_opt_steps`` Adam steps of ascent on FSSD² itself over the
+**FSSD-opt.**  Coullon, South & Nemeth (2023), "Efficient and generalizable tuning strategies
+for stochastic gradient MCMC" (section 2.2.2 and appendix B.1.3) draw 10 locations from a
+Gaussian fit and move them "by gradient ascent so that they maximise the FSSD", using Adam.
+We follow that: ``optimize=True`` runs ``num_opt_steps`` Adam steps of ascent on FSSD² itself over the
 locations (and, with ``optimize_bandwidth=True``, log σ), on the same draws.  This is the
 paper's choice, not Jitkrittum et al.'s power criterion FSSD²/σ_H1 on a held-out split: as a
 *discrepancy* for ranking samplers the raw FSSD² is what is compared.  The value returned is
@@ -170,32 +172,52 @@ def _ascend(x, s, v0, log_bw0, learning_rate, *, num_steps, optimize_bandwidth):
     return best[0], best[1][0], best[1][1]
 
 
-def fssd(
-    x,
-    score=None,
-    *,
-    scores=None,
-    num_locations=10,
-    bandwidth=None,
-    locations=None,
-    optimize=False,
-    num_opt_steps=100,
-    learning_rate=0.05,
-    optimize_bandwidth=False,
-    rng_key=None,
-    preconditioner="sd",
-    thin=None,
-):
-    """Squared finite set Stein discrepancy FSSD² of draws ``x`` (an array) from π.  Returns a float.
+def _test_locations(x, locations, num_locations, rng_key, scales, shift):
+    """The J test locations in preconditioned, centred coordinates: the user's (preconditioned
+    like the draws) or ``num_locations`` draws of :func:`gaussian_locations`."""
+    if locations is None:
+        if isinstance(num_locations, bool) or not isinstance(num_locations, (int, np.integer)) or num_locations < 1:
+            raise ValueError(f"num_locations must be a positive integer, got {num_locations!r}.")
+        key = random.PRNGKey(0) if rng_key is None else rng_key
+        return gaussian_locations(x, int(num_locations), key)
+    v = np.asarray(as_draws(locations, "locations"), np.float64)
+    if v.shape[1] != x.shape[1]:
+        raise ValueError(f"locations must have shape (J, {x.shape[1]}); got {v.shape}.")
+    return (v / scales if scales is not None else v) - shift
+
+
+def _bandwidth(x, bandwidth) -> float:
+    """σ: the given one, validated, or the median pairwise distance of the draws."""
+    if bandwidth is None:
+        return median_bandwidth(x)
+    bw = float(bandwidth)
+    if not (np.isfinite(bw) and bw > 0):
+        raise ValueError(f"bandwidth must be a positive finite number, got {bandwidth!r}.")
+    return bw
+
+
+def _optimised(xj, sj, vj, bw, dtype, num_opt_steps, learning_rate, optimize_bandwidth) -> float:
+    """FSSD-opt: the largest FSSD² met along ``num_opt_steps`` Adam steps of ascent."""
+    if isinstance(num_opt_steps, bool) or not isinstance(num_opt_steps, (int, np.integer)) or num_opt_steps < 0:
+        raise ValueError(f"num_opt_steps must be a non-negative integer, got {num_opt_steps!r}.")
+    if not (np.isfinite(learning_rate) and learning_rate > 0):
+        raise ValueError(f"learning_rate must be positive, got {learning_rate!r}.")
+    best, _, _ = _ascend(
+        xj, sj, vj, jnp.asarray(np.log(bw), dtype), jnp.asarray(learning_rate, dtype),
+        num_steps=int(num_opt_steps), optimize_bandwidth=bool(optimize_bandwidth),
+    )
+    return float(best)
+
+
+def fssd(x, score=None, *, scores=None, num_locations=10, bandwidth=None, locations=None,
+         optimize=False, num_opt_steps=100, learning_rate=0.05, optimize_bandwidth=False,
+         rng_key=None, preconditioner="sd", thin=None):
+    """Squared finite set Stein discrepancy FSSD² of draws ``x`` (an array) from π.
 
     FSSD² = (1/(dJ))·Σ_i Σ_j g_i(v_j)², g_i(v) = E_θ[s_i(θ)·k(θ, v) + ∂_{θ_i}k(θ, v)], k the
     Gaussian kernel exp(−‖θ − v‖²/(2σ²)), E_θ the average over the (thinned, preconditioned)
-    draws.  This is the *squared* statistic, as in paper 002 eq. (4) squared and Jitkrittum
-    et al. (2017); take the square root for FSSD.
-
-    This is the array form; :func:`numpyro_sg.fssd` takes arrays too (and forwards them here)
-    as well as an ArviZ ``InferenceData`` or an MCMC run.  The parameters below are shared with
-    :func:`numpyro_sg.fssd`.
+    draws: the *squared* statistic of Jitkrittum et al. (2017) (take the square root for
+    FSSD).  The array form; :func:`numpyro_sg.fssd` also takes a run, with these parameters.
 
     :param x: draws, array (T, d).
     :param score: function mapping one point (d,) to ∇ log π there; or give ``scores``.
@@ -203,9 +225,8 @@ def fssd(
     :param int num_locations: J, the number of test locations drawn when ``locations`` is None.
     :param float bandwidth: σ, in preconditioned units (default: median pairwise distance of
         the preconditioned draws, :func:`median_bandwidth`).
-    :param locations: test locations (J, d) in the *original* coordinates (they are
-        preconditioned like the draws).  Default: J draws from a Gaussian fitted to the
-        preconditioned draws (:func:`gaussian_locations`, key ``rng_key``).
+    :param locations: test locations (J, d) in the *original* coordinates (preconditioned like
+        the draws).  Default: J draws of :func:`gaussian_locations` (key ``rng_key``).
     :param bool optimize: FSSD-opt: move the locations by Adam ascent on FSSD² (see the module
         docstring) and return the largest FSSD² seen.
     :param int num_opt_steps: Adam steps.
@@ -220,54 +241,26 @@ def fssd(
     :raises TypeError: for an ``InferenceData`` or MCMC run (use :func:`numpyro_sg.fssd`).
     :raises ValueError: for invalid draws, scores or options.
 
-    **Example:** exact draws from N(0, I) score lower against N(0, I) than against N(1, I);
+    **Example:** exact N(0, I) draws score lower against N(0, I) than against N(1, I), and
     FSSD-opt is at least the FSSD at its starting locations.
 
     >>> import numpy as np
     >>> from numpyro_sg.diagnostics.fssd import fssd
     >>> x = np.random.default_rng(0).normal(size=(1000, 2))
     >>> good, bad = fssd(x, lambda z: -z), fssd(x, lambda z: -(z - 1.0))
-    >>> bool(good < bad)
-    True
-    >>> bool(fssd(x, lambda z: -(z - 1.0), optimize=True, num_opt_steps=20) >= bad)
-    True
+    >>> bool(good < bad), bool(fssd(x, lambda z: -(z - 1.0), optimize=True, num_opt_steps=20) >= bad)
+    (True, True)
     """
     reject_run(x, "numpyro_sg.diagnostics.fssd.fssd", "numpyro_sg.fssd")
-    thin = check_thin(thin)
-    x, s = draws_and_scores(x, score, scores, thin)
-    d = x.shape[1]
+    x, s = draws_and_scores(x, score, scores, check_thin(thin))
     scales = resolve_scales(preconditioner, x, score)
     x, s = precondition(x, s, scales)
     shift = x.mean(0)  # the kernel is translation invariant: centre for accuracy
     x = x - shift
-
-    if locations is None:
-        if isinstance(num_locations, bool) or not isinstance(num_locations, (int, np.integer)) or num_locations < 1:
-            raise ValueError(f"num_locations must be a positive integer, got {num_locations!r}.")
-        key = random.PRNGKey(0) if rng_key is None else rng_key
-        v = gaussian_locations(x, int(num_locations), key)
-    else:
-        v = np.asarray(as_draws(locations, "locations"), np.float64)
-        if v.shape[1] != d:
-            raise ValueError(f"locations must have shape (J, {d}); got {v.shape}.")
-        v = (v / scales if scales is not None else v) - shift
-    if bandwidth is None:
-        bw = median_bandwidth(x)
-    else:
-        bw = float(bandwidth)
-        if not (np.isfinite(bw) and bw > 0):
-            raise ValueError(f"bandwidth must be a positive finite number, got {bandwidth!r}.")
-
+    v = _test_locations(x, locations, num_locations, rng_key, scales, shift)
+    bw = _bandwidth(x, bandwidth)
     dtype = jnp.result_type(float)
     xj, sj, vj = (jnp.asarray(a, dtype) for a in (x, s, v))
     if not optimize:
         return float(fssd_statistic(xj, sj, vj, jnp.asarray(bw, dtype)))
-    if isinstance(num_opt_steps, bool) or not isinstance(num_opt_steps, (int, np.integer)) or num_opt_steps < 0:
-        raise ValueError(f"num_opt_steps must be a non-negative integer, got {num_opt_steps!r}.")
-    if not (np.isfinite(learning_rate) and learning_rate > 0):
-        raise ValueError(f"learning_rate must be positive, got {learning_rate!r}.")
-    best, _, _ = _ascend(
-        xj, sj, vj, jnp.asarray(np.log(bw), dtype), jnp.asarray(learning_rate, dtype),
-        num_steps=int(num_opt_steps), optimize_bandwidth=bool(optimize_bandwidth),
-    )
-    return float(best)
+    return _optimised(xj, sj, vj, bw, dtype, num_opt_steps, learning_rate, optimize_bandwidth)

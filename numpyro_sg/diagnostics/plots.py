@@ -92,8 +92,7 @@ def plot_ksd_path(runs, *, x: str = "draw", reference=None, scales=None, num_ste
     :param scales: per-coordinate scales (d,) used for every run (overrides ``reference``).
     :param int num_steps: number of points on each path.
     :param ax: a matplotlib axes (default: a new figure).
-    :param options: options of :func:`numpyro_sg.diagnostics.ksd.ksd_path` (``c``, ``beta``,
-        ``statistic``, …).
+    :param options: options of :func:`numpyro_sg.diagnostics.ksd.ksd_path` (``c``, ``beta``, …).
     :return: the matplotlib axes.
 
     **Example:**

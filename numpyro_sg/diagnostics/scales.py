@@ -1,4 +1,4 @@
-r"""Per-coordinate preconditioning of the Stein diagnostics (SPEC §7, "scale-aware by default").
+r"""Per-coordinate preconditioning of the Stein diagnostics (scale-aware by default).
 
 The IMQ kernel with c = 1 on raw coordinates ignores the posterior's scale and can rank a
 variance-inflated sample above an accurate one.  So, by default, every coordinate is divided

@@ -36,11 +36,12 @@ def _dispatch(name, x, score, scores, options, *, of_run, of_draws, run_args, kw
 def ksd(x, score=None, *, scores=None, c=1.0, beta=-0.5, preconditioner="sd", per_coordinate=False,
         statistic="v", thin=None, block_size=None, model=None, model_args=None, model_kwargs=None,
         **kwargs):
-    """Kernel Stein discrepancy of draws, or of a run, from π: IMQ kernel (SPEC §7).
+    """Kernel Stein discrepancy of draws, or of a run, from π: IMQ kernel (Gorham & Mackey 2017).
 
-    KSD = √((1/T²)·Σ_{t,t'} k_π(θ_t, θ_t')) with k_π the IMQ Stein kernel, after
-    per-coordinate preconditioning (x → x/s, score → score·s); ``per_coordinate=True`` gives
-    paper 000's Σ_j √V_j and ``statistic="u"`` the signed root of the U-statistic.
+    KSD = √((1/T²)·Σ_{t,t'} k_π(θ_t, θ_t')) with k_π the IMQ Stein kernel of Gorham & Mackey
+    (2017), "Measuring sample quality with kernels", after per-coordinate preconditioning
+    (x → x/s, score → score·s); ``per_coordinate=True`` gives the Σ_j √V_j of Song, Sun, Ye &
+    Liang (2020) and ``statistic="u"`` the signed root of the U-statistic.
 
     * For **arrays** (``x`` of shape (T, d) with ``score`` or ``scores``) this is
       :func:`numpyro_sg.diagnostics.ksd.ksd`, whose documentation describes ``score``,
@@ -83,7 +84,9 @@ def fssd(x, score=None, *, scores=None, num_locations=10, bandwidth=None, locati
          optimize=False, num_opt_steps=100, learning_rate=0.05, optimize_bandwidth=False,
          rng_key=None, preconditioner="sd", thin=None, model=None, model_args=None,
          model_kwargs=None, **kwargs):
-    """Squared finite set Stein discrepancy FSSD² of draws, or of a run, from π (SPEC §7).
+    """Squared finite set Stein discrepancy FSSD² of draws, or of a run, from π.
+
+    The FSSD of Jitkrittum et al. (2017), "A linear-time kernel goodness-of-fit test".
 
     FSSD² = (1/(dJ))·Σ_i Σ_j g_i(v_j)², g_i(v) = E_θ[s_i(θ)·k(θ, v) + ∂_{θ_i}k(θ, v)], k the
     Gaussian kernel exp(−‖θ − v‖²/(2σ²)) and v_1 … v_J test locations, after per-coordinate

@@ -1,0 +1,207 @@
+"""The draws of a run and its ``stein`` group: evenly thinned draws, unconstrained, with
+their full-data scores (:class:`~numpyro_sg.diagnostics.full_data_scores.ModelScores`).
+
+The ``stein`` group is stored in the ``InferenceData`` made by
+:func:`numpyro_sg.to_inference_data` and :func:`numpyro_sg.nuts_reference`, so KSD with
+another preconditioner, per-coordinate KSD and comparisons on a common scale are recomputed
+later without the model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+from numpyro_sg.diagnostics.full_data_scores import ModelScores
+
+__all__ = ["STEIN_GROUP", "thin_indices", "run_samples", "run_model", "stein_dataset",
+           "stein_arrays", "stein_of"]
+
+#: the name of the ``InferenceData`` group of scored draws
+STEIN_GROUP = "stein"
+
+
+def thin_indices(num_draws: int, max_draws: int | None) -> np.ndarray:
+    """At most ``max_draws`` evenly spaced draw indices in ``[0, num_draws)``, last one kept.
+
+    :param int num_draws: number of draws per chain.
+    :param max_draws: the most indices to keep (at least 2), or ``None`` for all.
+    :return: sorted int array of indices, starting with 0 and ending with ``num_draws − 1``.
+
+    **Example:**
+
+    >>> from numpyro_sg.diagnostics.model_scores import thin_indices
+    >>> thin_indices(10, 4).tolist()
+    [0, 3, 6, 9]
+    """
+    if max_draws is None or max_draws >= num_draws:
+        return np.arange(num_draws)
+    if max_draws < 2:
+        raise ValueError(f"KSD needs at least 2 draws per chain; got max_draws={max_draws}.")
+    return np.unique(np.round(np.linspace(0, num_draws - 1, max_draws)).astype(int))
+
+
+
+def run_samples(obj) -> dict:
+    """Constrained draws ``{site: (chains, draws, …)}`` of an ``MCMC`` or ``InferenceData``.
+
+    :param obj: a NumPyro ``MCMC`` object after ``run``, or an ``InferenceData`` (its
+        ``posterior`` group).
+    :return: dict of numpy arrays with leading dims (chain, draw).
+    :raises TypeError: for anything else.
+
+    **Example:**
+
+    >>> import arviz as az
+    >>> import numpy as np
+    >>> from numpyro_sg.diagnostics.model_scores import run_samples
+    >>> idata = az.from_dict(posterior={"theta": np.zeros((2, 100, 3))})
+    >>> {k: v.shape for k, v in run_samples(idata).items()}
+    {'theta': (2, 100, 3)}
+    """
+    if hasattr(obj, "posterior"):
+        post = obj.posterior
+        return {name: np.asarray(post[name].values) for name in post.data_vars}
+    if hasattr(obj, "get_samples"):
+        return {k: np.asarray(v) for k, v in obj.get_samples(group_by_chain=True).items()}
+    raise TypeError(
+        f"expected an MCMC object or an arviz.InferenceData, got {type(obj).__name__}."
+    )
+
+
+def run_model(obj, model=None, model_args=None, model_kwargs=None):
+    """``(model, args, kwargs)`` of a run: the ones given, else those an ``MCMC`` ran with.
+
+    :param obj: an ``MCMC`` object or an ``InferenceData``.
+    :param model: the model, or ``None`` for the ``MCMC``'s own (``obj.sampler.model``).
+    :param model_args: the model's positional arguments, or ``None`` for those the ``MCMC``
+        ran with.
+    :param model_kwargs: its keyword arguments, or ``None`` for those the ``MCMC`` ran with.
+    :return: ``(model, model_args, model_kwargs)`` (a tuple and a dict); ``(None, (), {})``
+        when no model is known (an ``InferenceData`` without ``model=``).
+
+    **Example:**
+
+    >>> import arviz as az
+    >>> import numpy as np
+    >>> from numpyro_sg.diagnostics.model_scores import run_model
+    >>> idata = az.from_dict(posterior={"theta": np.zeros((1, 10, 3))})
+    >>> run_model(idata)
+    (None, (), {})
+    """
+    if model is None and hasattr(obj, "sampler"):
+        model = obj.sampler.model
+    if model is None:
+        return None, (), {}
+    if model_args is None:
+        model_args = getattr(obj, "_args", ())
+    if model_kwargs is None:
+        model_kwargs = getattr(obj, "_kwargs", {})
+    return model, tuple(model_args), dict(model_kwargs or {})
+
+
+def stein_dataset(samples: dict, scores: ModelScores, max_draws: int | None = 1000):
+    """The ``stein`` group: evenly thinned draws per chain, unconstrained, with their scores.
+
+    :param samples: constrained draws ``{site: (chains, draws, …)}``.
+    :param scores: the model's :class:`ModelScores`.
+    :param max_draws: at most this many draws per chain (``None``: all).
+    :return: an ``xarray.Dataset`` with ``unconstrained`` and ``score`` of dims
+        ``(chain, draw, coordinate)`` (``draw`` holds the indices of the kept draws).
+
+    **Example:**
+
+    >>> import numpy as np
+    >>> from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
+    >>> from numpyro_sg.diagnostics.model_scores import ModelScores, stein_dataset
+    >>> X, y, _ = simulate_logistic_regression(num_data=500, dim=3)
+    >>> scores = ModelScores(logistic_regression_model, (X, y))
+    >>> samples = {"theta": np.zeros((2, 100, 3))}  # 2 chains of 100 draws
+    >>> stein = stein_dataset(samples, scores, max_draws=20)
+    >>> dict(stein.sizes)
+    {'chain': 2, 'draw': 20, 'coordinate': 3}
+    """
+    first = samples[scores.continuous_sites[0]]
+    num_chains, num_draws = first.shape[:2]
+    keep = thin_indices(num_draws, max_draws)
+    flat = {k: v[:, keep].reshape((-1,) + v.shape[2:]) for k, v in samples.items()}
+    continuous, discrete = scores.split(flat)
+    x = scores.unconstrain({**continuous, **discrete})
+    s = scores.score(x, discrete)
+    shape = (num_chains, len(keep), scores.dim)
+    dims = ("chain", "draw", "coordinate")
+    coords = {
+        "chain": np.arange(num_chains),
+        "draw": keep,
+        "coordinate": scores.coordinate_names,
+        "site": ("coordinate", scores.coordinate_sites),
+    }
+    return xr.Dataset(
+        {"unconstrained": (dims, x.reshape(shape)), "score": (dims, s.reshape(shape))},
+        coords=coords,
+    )
+
+
+def stein_arrays(stein, pooled: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, score)`` arrays (chains, draws, dim) of a ``stein`` group.
+
+    :param stein: a ``stein`` dataset (:func:`stein_dataset`).
+    :param bool pooled: pool the chains: arrays (chains · draws, dim) instead.
+    :return: ``(x, score)``: unconstrained draws and their scores, numpy arrays.
+
+    **Example:**
+
+    >>> import numpy as np
+    >>> import xarray as xr
+    >>> from numpyro_sg.diagnostics.model_scores import stein_arrays
+    >>> dims = ("chain", "draw", "coordinate")
+    >>> stein = xr.Dataset({"unconstrained": (dims, np.zeros((2, 5, 3))),
+    ...                     "score": (dims, np.ones((2, 5, 3)))})
+    >>> x, s = stein_arrays(stein, pooled=True)
+    >>> x.shape, s.shape
+    ((10, 3), (10, 3))
+    """
+    x, s = np.asarray(stein["unconstrained"].values), np.asarray(stein["score"].values)
+    if pooled:
+        d = x.shape[-1]
+        return x.reshape(-1, d), s.reshape(-1, d)
+    return x, s
+
+
+def stein_of(obj, model=None, model_args=None, model_kwargs=None, max_draws: int | None = 1000):
+    """A run's ``stein`` dataset (stored, or computed from the model) and its ModelScores.
+
+    Without a model (neither ``model=`` nor an ``MCMC``'s own), the ``stein`` group stored by
+    :func:`numpyro_sg.to_inference_data` is used and the ModelScores is ``None``; with one,
+    the run's draws are thinned and scored afresh (:func:`stein_dataset`).
+
+    :param obj: an ``MCMC`` object or an ``InferenceData``.
+    :param model: the model (default: the ``MCMC``'s own, see :func:`run_model`).
+    :param model_args: its positional arguments (default: those the ``MCMC`` ran with).
+    :param model_kwargs: its keyword arguments (default: those the ``MCMC`` ran with).
+    :param max_draws: at most this many draws per chain are scored (``None``: all).
+    :return: ``(stein, scores)``: an ``xarray.Dataset`` and a :class:`ModelScores` or ``None``.
+    :raises ValueError: if there is neither a model nor a stored ``stein`` group.
+
+    **Example:**
+
+    >>> import arviz as az
+    >>> import numpy as np
+    >>> from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
+    >>> from numpyro_sg.diagnostics.model_scores import stein_of
+    >>> X, y, _ = simulate_logistic_regression(num_data=500, dim=3)
+    >>> idata = az.from_dict(posterior={"theta": np.zeros((2, 100, 3))})
+    >>> stein, scores = stein_of(idata, logistic_regression_model, (X, y), max_draws=20)
+    >>> dict(stein.sizes), scores.dim
+    ({'chain': 2, 'draw': 20, 'coordinate': 3}, 3)
+    """
+    model, model_args, model_kwargs = run_model(obj, model, model_args, model_kwargs)
+    if model is None:
+        if hasattr(obj, "groups") and STEIN_GROUP in obj.groups():
+            return obj[STEIN_GROUP], None
+        raise ValueError(
+            "this InferenceData has no 'stein' group (scored draws); pass model=, model_args= "
+            "(and model_kwargs=) so the full-data scores can be computed."
+        )
+    scores = ModelScores(model, model_args, model_kwargs)
+    return stein_dataset(run_samples(obj), scores, max_draws), scores
