@@ -173,22 +173,27 @@ def test_no_warning_for_a_good_run(linear_data):
     assert table["ok"].all(), table
 
 
-def test_uniform_start_converges_or_warns():
+def test_uniform_start_reaches_the_posterior_without_a_warning():
     """From NumPyro's init_to_uniform (up to 2 units from 0 on the unconstrained space, here
-    hundreds of posterior sds from the posterior), a run lands on the posterior exactly when the
-    check stays silent: a chain off target must be reported, and one on target must not be."""
+    hundreds of posterior sds from the posterior) the defaults reach the posterior: the chains'
+    mean is within 0.15 Laplace sds of the mode (ESS ≈ 1,500: Monte Carlo error ≈ 0.026 sd,
+    and the posterior mean differs from the mode by O(N^(−1/2)) sd; measured ≤ 0.05)
+    and the end-of-run check stays silent.  A chain that did not arrive fails both (checked:
+    with step_size=1e-5 the check warns and the centre is > 1 sd off); the check's warning on
+    such a run is tested in test_far_start_with_a_tiny_fixed_step_warns."""
     X, y = _simulate("poisson", 20_000, seed=3)
     kernel = nsg.SGLD(poisson_regression, init_strategy=init_to_uniform)
     mcmc = _run(kernel, X, y)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         nsg.check_convergence(mcmc)
-    warned = any(issubclass(w.category, nsg.ConvergenceWarning) for w in caught)
+    warned = [str(w.message) for w in caught if issubclass(w.category, nsg.ConvergenceWarning)]
     s = mcmc.get_samples()
     mode = kernel.mode_fit
     centre = np.concatenate([np.asarray(s["beta"]).mean(0), [np.asarray(s["intercept"]).mean()]])
-    on_target = np.all(np.abs(centre - np.asarray(mode.mode)) / mode.scales < 1.0)
-    assert warned != on_target, (warned, on_target)
+    offset = np.abs(centre - np.asarray(mode.mode)) / mode.scales
+    assert not warned, warned
+    assert np.all(offset < 0.15), offset
 
 
 def funnel_logistic(X, y=None, n=100):
