@@ -30,11 +30,8 @@ from numpyro_sg.kernels.esgld import (
     resolve_proposal_weights,
     rjmh_indicator_chain,
 )
-from numpyro_sg.kernels.esgld_informed import (
-    cv_batch,
-    glm_anchor,
-    informed_indicator_chain,
-)
+from numpyro_sg.kernels.esgld.control_variates import cv_batch, glm_anchor
+from numpyro_sg.kernels.esgld.informed import informed_indicator_chain
 from numpyro_sg.kernels.step_size import polynomial_schedule
 from numpyro_sg.spike_slab import SpikeSlabError, find_spike_slab, start_fn
 
@@ -427,7 +424,7 @@ def test_outputs_and_arviz(small_data):
     kernel = ESGLD(lin_model, 1e-4, max_model_size=4)
     mcmc = MCMC(kernel, num_warmup=20, num_samples=30, num_chains=2, chain_method="vectorized",
                 progress_bar=False)
-    mcmc.run(jax.random.PRNGKey(1), X, y, extra_fields=("accept_rate", "model_size", "step_size"))
+    mcmc.run(jax.random.PRNGKey(1), X, y, extra_fields=("accept_prob", "model_size", "step_size"))
     s = mcmc.get_samples()
     assert set(s) == {"theta", "gamma", "beta", "inclusion", "inclusion_rb"}
     assert np.all((s["inclusion_rb"] >= 0) & (s["inclusion_rb"] <= 1))
@@ -439,7 +436,7 @@ def test_outputs_and_arviz(small_data):
     np.testing.assert_array_equal(ex["model_size"], np.asarray(s["gamma"]).sum(-1))
     idata = az.from_numpyro(mcmc)
     assert set(idata.posterior.data_vars) >= {"theta", "gamma", "beta", "inclusion"}
-    assert "accept_rate" in idata.sample_stats
+    assert "accept_prob" in idata.sample_stats
 
 
 def test_init_params_and_jit_model_args(small_data):
