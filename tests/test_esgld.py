@@ -22,7 +22,9 @@ from numpyro_sg.datasets import esgld_linear_model
 from numpyro_sg.kernels.esgld import (
     ESGLD,
     IndicatorTarget,
+    acceptance_probability,
     coordinate_table,
+    guard_norm,
     indicator_target,
     move_probabilities,
     proposal_weights,
@@ -436,7 +438,7 @@ def test_outputs_and_arviz(small_data):
     np.testing.assert_array_equal(ex["model_size"], np.asarray(s["gamma"]).sum(-1))
     idata = az.from_numpyro(mcmc)
     assert set(idata.posterior.data_vars) >= {"theta", "gamma", "beta", "inclusion"}
-    assert "accept_prob" in idata.sample_stats
+    assert "acceptance_rate" in idata.sample_stats  # ArviZ's name for NumPyro's accept_prob
 
 
 def test_init_params_and_jit_model_args(small_data):
@@ -460,6 +462,58 @@ def test_chain_methods_agree(small_data):
         out[method] = mcmc.get_samples(group_by_chain=True)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                  out["parallel"], out["vectorized"])
+
+
+def test_accept_prob_is_the_mean_acceptance_probability():
+    """accept_prob is the mean over the m moves of min(1, ratio): 1 when every ratio is ≥ 1,
+    0 when none can be accepted, and a probability between (checked against the number of
+    accepted moves, its unbiased estimate, over many chains)."""
+    assert acceptance_probability(jnp.array([jnp.log(0.25), 0.0]), jnp.array([True, False])).tolist() == [0.25, 0.0]
+    p, w = 4, jnp.full(4, 0.5)
+
+    def chain(d, key, num_steps=8):
+        target = IndicatorTarget(init=lambda g, th: jnp.zeros(()),
+                                 update=lambda c, g, th, g2, th2, prop: (jnp.asarray(d), jnp.zeros(1), c))
+        return rjmh_indicator_chain(key, jnp.zeros(p, jnp.int32), jnp.ones(p), w, target,
+                                    num_steps=num_steps, max_size=p, flip_sign=False)
+
+    key = jax.random.PRNGKey(0)
+    assert float(chain(100.0, key).accept_prob) == 1.0 and int(chain(100.0, key).num_accepted) == 8
+    assert float(chain(-jnp.inf, key).accept_prob) == 0.0
+    runs = jax.vmap(lambda k: chain(-0.7, k, 50))(jax.random.split(key, 400))
+    probs, fraction = np.asarray(runs.accept_prob), np.asarray(runs.num_accepted) / 50
+    assert np.all((probs > 0) & (probs < 1))
+    np.testing.assert_allclose(probs.mean(), fraction.mean(), atol=0.02)
+
+
+def test_guard_norm_is_scale_free_and_floored():
+    eps, grad = jnp.array([1e-6, 1e-2]), jnp.array([3e3, 30.0])
+    np.testing.assert_allclose(guard_norm(eps, grad), 3.0, rtol=1e-5)  # √ε·ĝ = (3, 3)
+    np.testing.assert_allclose(guard_norm(100 * eps, grad / 10), 3.0, rtol=1e-5)  # units of θ × 10
+    assert float(guard_norm(eps, jnp.zeros(2))) == 1.0
+    assert np.isnan(guard_norm(eps, jnp.array([jnp.nan, 0.0])))
+
+
+def test_a_too_large_step_is_flagged_and_frozen(small_data):
+    """The paper's absolute step far past the stability limit (ε ≫ the spike variance, ε·N ≫ 4):
+    both vectorized chains explode geometrically; the guard warns, sets ``diverging`` and
+    freezes the state at a point before the blow-up (non-finite checks alone let θ reach
+    ~1e37 first, and a chain that stays finite is never flagged)."""
+    X, y, _, _ = small_data
+    kernel = ESGLD(lin_model, 1.0, max_model_size=4, **PAPER_ALGORITHM)
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=60, num_chains=2, chain_method="vectorized",
+                progress_bar=False)
+    with pytest.warns(nsg.DivergenceWarning):
+        mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("diverging",))
+    diverging = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["diverging"])
+    assert diverging[:, -1].all() and diverging[:, 0].sum() == 0
+    samples = mcmc.get_samples(group_by_chain=True)
+    assert np.isfinite(samples["theta"]).all()
+    for chain in range(2):
+        frozen = {k: np.asarray(v[chain][diverging[chain]]) for k, v in samples.items()}
+        assert np.abs(frozen["theta"]).max() < 1e3  # the last safe point, not the blown-up one
+        for value in frozen.values():  # θ, γ and the inclusion outputs frozen together
+            np.testing.assert_array_equal(value, np.broadcast_to(value[:1], value.shape))
 
 
 # --- bad inputs -----------------------------------------------------------------------------

@@ -10,9 +10,9 @@ r"""One ESGLD iteration as a pure function of the state and the data (:func:`esg
    (``preconditioner=None``) or ε_j = h·v_j (``"laplace"``);
 4. the divergence guard (:func:`~numpyro_sg.kernels.guard.guarded_update`) on the whole state
    ``z`` (continuous sites, indicator and inclusion outputs, flattened): a non-finite point,
-   log density or gradient, or a gradient norm rms(√ε⊙ĝ) — the drift in units of the injected
-   noise, scale-free — that explodes past the reference learnt from the first steps freezes
-   the chain at its last safe point and sets ``diverging`` from then on.
+   log density or gradient, or a gradient norm (:func:`guard_norm`, the drift in units of the
+   injected noise, scale-free) that explodes past the reference learnt from the first steps
+   freezes the chain at its last safe point and sets ``diverging`` from then on.
 """
 
 from __future__ import annotations
@@ -93,14 +93,19 @@ class LangevinInput(NamedTuple):
 
 
 def guard_norm(eps, grad):
-    """rms(√ε⊙ĝ): the gradient norm the guard compares, in the step's scaled frame (twice the
-    drift (ε/2)·ĝ in units of the injected noise sd √ε; scale-free).
+    """max(rms(√ε⊙ĝ), 1): the gradient norm the guard compares, in the step's scaled frame
+    (rms(√ε⊙ĝ) is twice the drift (ε/2)·ĝ in units of the injected noise sd √ε, so it is
+    scale-free), floored at 1, the level at which the drift matches the noise.  The floor
+    keeps a legitimate jump from a blow-up: at the paper's small ε the empty model's
+    spike-only gradient gives a tiny norm, and the first strong variable to enter would
+    otherwise exceed it a thousandfold; an unstable step still grows geometrically past
+    any floor.
 
     >>> import jax.numpy as jnp
-    >>> float(guard_norm(jnp.array([4.0, 1.0]), jnp.array([0.5, 2.0])))
-    1.0
+    >>> float(guard_norm(jnp.array([4.0, 1.0]), jnp.array([1.0, 2.0]))), float(guard_norm(1e-6, jnp.ones(3)))
+    (2.0, 1.0)
     """
-    return rms(jnp.sqrt(eps) * grad)
+    return jnp.maximum(rms(jnp.sqrt(eps) * grad), 1.0)
 
 
 def esgld_initial_state(setup: ESGLDSetup, params, gamma, weights, hyper: ESGLDHyper, key) -> ESGLDState:
