@@ -1,4 +1,5 @@
-"""ESGLD (paper 000, SPEC §5): the pure reversible-jump chain against enumerated targets (a
+"""ESGLD (Song, Sun, Ye & Liang 2020, "Extended stochastic gradient MCMC for large-scale Bayesian
+variable selection"): the pure reversible-jump chain against enumerated targets (a
 hand-written one and the model's conditional posterior), end to end against exact inclusion
 probabilities, the GLM fast path against the generic path, outputs, bad inputs, and the kernel
 core: at most three model runs at init, a pure step with hyperparameters in the state, step
@@ -51,7 +52,7 @@ def lin_model(X, y=None, n=None, lam=LAM):
 
 
 def size_model(X, y=None, n=None):
-    """Logistic likelihood and a slab variance that depends on |γ| (paper 000, Table S1)."""
+    """Logistic likelihood and a slab variance that depends on |γ| (as in the paper's Table S1)."""
     N, p = X.shape
     g = numpyro.sample("gamma", dist.Bernoulli(LAM).expand([p]).to_event(1))
     slab = jnp.sqrt(jnp.exp(2.0 / jnp.maximum(jnp.sum(g), 1)) / (2 * jnp.pi))
@@ -661,7 +662,7 @@ def test_mamba_vectorises_esgld_arms(small_data):
     assert set(res.idata.posterior.data_vars) >= {"theta", "gamma", "beta", "inclusion"}
 
 
-# --- issue #16: the newcomer case ---------------------------------------------------------
+# --- the informed default: the newcomer case ---------------------------------------------------------
 @pytest.fixture(scope="module")
 def newcomer_data():
     """p = 50, N = 5,000, Gaussian design, four effects (1.5, −1, 0.8, −0.6), unit noise."""
@@ -678,7 +679,7 @@ def newcomer_data():
 # (N/n = 25), 2,000 warmup + 3,000 draws, no step size given.  Every effect has a z-score > 40,
 # so any correct sampler includes it with probability ≈ 1 (threshold 0.9); the exact posterior
 # inclusion of a null is ≈ λ·(slab/spike evidence) < 0.01, so 0.05 leaves room for Monte Carlo
-# error only.  Before issue #16 the penalised run accepted no move and missed the 1.5 effect.
+# error only.  Before the informed default the penalised run accepted no move and missed the 1.5 effect.
 # Measured: 8 s and 4 s (not marked slow: it is the issue's newcomer case).
 @pytest.mark.parametrize("correction", [None, "penalty"])
 def test_newcomer_defaults_find_all_effects(correction, newcomer_data):
@@ -694,7 +695,7 @@ def test_newcomer_defaults_find_all_effects(correction, newcomer_data):
     assert table.attrs["MSE1"] < 1e-3, table.attrs  # posterior sd of each effect ≈ 1/√N = 0.014
 
 
-# --- issue #16: the paper's tables with the default ------------------------------------------
+# --- the informed default on the paper's tables ------------------------------------------
 # One data set each (the full acceptance runs, seeds 0–4 / 0–2 for both algorithms, are
 # `examples/esgld_variable_selection.py`; numbers in docs/esgld.md).  Table 1 seed 2 is one on
 # which the paper's algorithm misses a β = −1 variable; Table S1 seed 1 one on which it misses
