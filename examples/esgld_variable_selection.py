@@ -1,4 +1,5 @@
-"""Reproduce paper 000's Table 1 (linear) and Table S1 (logistic) with numpyro_sg.ESGLD.
+"""Reproduce Table 1 (linear) and Table S1 (logistic) of Song, Sun, Ye & Liang (2020), "Extended
+stochastic gradient MCMC for large-scale Bayesian variable selection", with numpyro_sg.ESGLD.
 
 Full scale (the paper's settings: N = 50,000, p = 2,000 + intercept, 5,000 iterations of which
 2,000 burn-in, m = 10; linear n = 200, q = 50; logistic n = 300, q = 500), with the kernel's
@@ -35,8 +36,8 @@ PAPER = {
 }
 
 
-#: the paper's algorithm (Alg. 1, supp. §3): weighted birth/death/exchange moves accepted on the
-#: plain mini-batch estimate, model-averaged plain gradients, an absolute step size
+#: the paper's algorithm (its Algorithm 1, supplement §3): weighted birth/death/exchange moves
+#: accepted on the plain mini-batch estimate, model-averaged plain gradients, an absolute step size
 PAPER_ALGORITHM = {"proposal": "paper", "gradient": "plain", "preconditioner": None}
 
 
@@ -65,7 +66,7 @@ def run_one(which, seed, num_data, num_features, iters, burn_in, subsample=None,
     mcmc = MCMC(kernel, num_warmup=burn_in, num_samples=iters - burn_in, progress_bar=False,
                 jit_model_args=True)
     t0 = time.perf_counter()
-    mcmc.run(jax.random.PRNGKey(seed), X, y, extra_fields=("model_size", "accept_rate"))
+    mcmc.run(jax.random.PRNGKey(seed), X, y, extra_fields=("model_size", "accept_prob", "diverging"))
     jax.block_until_ready(mcmc.get_samples()["theta"])
     wall = time.perf_counter() - t0
     table = selection.selection_summary(mcmc, beta, thin=10)
@@ -76,6 +77,8 @@ def run_one(which, seed, num_data, num_features, iters, burn_in, subsample=None,
         incl_true_min=float(out["inclusion"][true].min()),
         incl_null_max=float(out["inclusion"][~true].max()),
         model_size=float(np.mean(mcmc.get_extra_fields()["model_size"])),
+        accept_prob=float(np.mean(mcmc.get_extra_fields()["accept_prob"])),
+        diverging=bool(np.any(mcmc.get_extra_fields()["diverging"])),
     )
     return out
 
@@ -108,7 +111,8 @@ def main(argv=None):
                 f"{args.algorithm:7s} {which:8s} seed {seed}: FSR {r['FSR']:.3f} NSR {r['NSR']:.3f} "
                 f"MSE1 {r['MSE1']:.2e} MSE0 {r['MSE0']:.2e} time {r['time']:.1f}s  "
                 f"(min true incl. {r['incl_true_min']:.3f}, max null incl. {r['incl_null_max']:.3f}, "
-                f"mean |γ| {r['model_size']:.1f})",
+                f"mean |γ| {r['model_size']:.1f}, accept_prob {r['accept_prob']:.3f}"
+                f"{', DIVERGED' if r['diverging'] else ''})",
                 flush=True,
             )
         mean = {k: np.mean([r[k] for r in rows]) for k in ("FSR", "NSR", "MSE1", "MSE0", "time")}

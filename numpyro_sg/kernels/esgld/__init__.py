@@ -1,0 +1,123 @@
+r"""Extended SGLD (ESGLD) for Bayesian variable selection: Song, Sun, Ye & Liang (2020),
+"Extended stochastic gradient MCMC for large-scale Bayesian variable selection" (Biometrika),
+their Algorithm 1 and supplement §3, and a default for GLM likelihoods with informed,
+variance-reduced model moves.
+
+The model (see :mod:`numpyro_sg.spike_slab`) has an indicator γ ∈ {0,1}^p, a latent vector
+θ ∈ ℝ^p whose prior may depend on γ, and a likelihood that depends on θ only through
+β = θ·γ.  Iteration t, with mini-batch S_t of size n out of N:
+
+1. draw S_t;
+2. run m = ``num_models`` Metropolis–Hastings moves on γ with θ fixed (up to sign flips),
+   targeting
+
+   .. math::
+
+      \pi(\gamma \mid \theta, X_{n,N}) \propto \pi(\gamma)\,\pi(\theta\mid\gamma)\,
+      \exp\Big(\tfrac{N}{n}\sum_{i\in S_t}\log f(x_i \mid \theta\cdot\gamma)\Big),
+      \qquad |\gamma| \le q,
+
+   started from the last model of the previous iteration: the paper's reversible-jump chain
+   (:mod:`~numpyro_sg.kernels.esgld.paper`) or, the default for a GLM likelihood, informed
+   single flips accepted on a control-variate estimate of the log-likelihood
+   (:mod:`~numpyro_sg.kernels.esgld.informed`, :mod:`~numpyro_sg.kernels.esgld.control_variates`);
+3. one Langevin step on θ, :func:`~numpyro_sg.kernels.moves.langevin_move`: the paper's
+   averages the gradient over the m models,
+
+   .. math::
+
+      \theta^{(t+1)} = \theta^{(t)} + \frac{\varepsilon_t}{2m}\sum_{k=1}^m
+      \nabla_\theta \log \pi(\theta^{(t)}\mid\gamma_k, X_{n,N}) + \mathcal N(0, \varepsilon_t\tau I),
+
+   the default uses the control-variate gradient at the last model and ε_j = h·v_j, v_j the
+   conditional posterior variance (:mod:`~numpyro_sg.kernels.esgld.step`);
+4. the divergence guard :func:`~numpyro_sg.kernels.guard.guarded_update`.
+
+Layout: :mod:`~numpyro_sg.kernels.esgld.options` (options, hyperparameters, static set-up),
+:mod:`~numpyro_sg.kernels.esgld.paper` (the reversible-jump proposal and chain),
+:mod:`~numpyro_sg.kernels.esgld.weights` (its proposal weights),
+:mod:`~numpyro_sg.kernels.esgld.targets` (indicator targets, coordinate tables, the
+model-averaged gradient), :mod:`~numpyro_sg.kernels.esgld.control_variates` and
+:mod:`~numpyro_sg.kernels.esgld.informed` (the default's moves),
+:mod:`~numpyro_sg.kernels.esgld.step` (the pure step) and
+:mod:`~numpyro_sg.kernels.esgld.kernel` (the :class:`ESGLD` shell).
+
+Cost: for GLM likelihoods (linear predictor η = X·β) a paper proposal updates η for its one
+or two changed coordinates, O(n) (plus O(p) to pick the coordinates); otherwise each proposal
+evaluates the model on the mini-batch.  The paper's Langevin step costs m model gradients on
+the mini-batch.  Nothing is O(N) per iteration (but the default's anchors, O(N·p²) each).
+"""
+
+from numpyro_sg.kernels.esgld.control_variates import (
+    CVBatch,
+    GLMAnchor,
+    cv_batch,
+    cv_loglik_gradient,
+    glm_anchor,
+    hess_matvec,
+    laplace_step_scale,
+    remainder_terms,
+)
+from numpyro_sg.kernels.esgld.informed import (
+    FlipEvidence,
+    InformedChain,
+    conditional_inclusion,
+    flip_evidence,
+    informed_indicator_chain,
+)
+from numpyro_sg.kernels.esgld.kernel import ESGLD
+from numpyro_sg.kernels.esgld.options import (
+    DEFAULT_STEP_SIZE,
+    DEFAULT_WEIGHT_ROWS,
+    PAPER_STEP_SIZE,
+    ESGLDHyper,
+    ESGLDOptions,
+    ESGLDSetup,
+    anchor_iterations,
+    esgld_hyperparameters,
+    resolve_algorithm,
+)
+from numpyro_sg.kernels.esgld.paper import (
+    IndicatorChain,
+    IndicatorTarget,
+    Proposal,
+    acceptance_probability,
+    apply_proposal,
+    move_probabilities,
+    penalty,
+    propose_move,
+    rjmh_indicator_chain,
+)
+from numpyro_sg.kernels.esgld.step import ESGLDState, esgld_initial_state, esgld_step, guard_norm
+from numpyro_sg.kernels.esgld.targets import (
+    coordinate_prior_table,
+    coordinate_table,
+    generic_indicator_target,
+    glm_indicator_target,
+    indicator_target,
+    model_averaged_gradient,
+)
+from numpyro_sg.kernels.esgld.weights import (
+    correlation_weights,
+    deviance_weights,
+    proposal_weights,
+    resolve_proposal_weights,
+)
+from numpyro_sg.spike_slab import init_to_spike
+
+__all__ = [
+    "ESGLD", "ESGLDState", "ESGLDHyper", "ESGLDSetup", "ESGLDOptions", "esgld_step", "esgld_initial_state",
+    "esgld_hyperparameters", "resolve_algorithm", "anchor_iterations", "guard_norm",
+    "DEFAULT_STEP_SIZE", "PAPER_STEP_SIZE", "DEFAULT_WEIGHT_ROWS",
+    # the paper's reversible-jump chain and its weights
+    "move_probabilities", "propose_move", "apply_proposal", "Proposal", "penalty", "acceptance_probability",
+    "IndicatorTarget", "IndicatorChain", "rjmh_indicator_chain",
+    "resolve_proposal_weights", "proposal_weights", "correlation_weights", "deviance_weights",
+    # targets
+    "generic_indicator_target", "glm_indicator_target", "coordinate_table", "coordinate_prior_table",
+    "indicator_target", "model_averaged_gradient", "init_to_spike",
+    # the default: control variates and informed moves
+    "GLMAnchor", "CVBatch", "glm_anchor", "cv_batch", "remainder_terms", "hess_matvec",
+    "cv_loglik_gradient", "laplace_step_scale",
+    "FlipEvidence", "InformedChain", "flip_evidence", "conditional_inclusion", "informed_indicator_chain",
+]

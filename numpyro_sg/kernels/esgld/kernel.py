@@ -1,0 +1,340 @@
+r"""The :class:`ESGLD` kernel: the NumPyro shell (init, the pure step, selection output)."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+from numpyro.infer.util import constrain_fn
+
+from numpyro_sg.infer.minibatch import Minibatcher, full_data, jit_with_data, subsample_plates, with_indices
+from numpyro_sg.infer.model_info import trace_model
+from numpyro_sg.kernels.base import SGKernel, check_positive, split_init_key
+from numpyro_sg.kernels.esgld.options import (
+    DEFAULT_WEIGHT_ROWS,
+    ESGLDOptions,
+    ESGLDSetup,
+    anchor_iterations,
+    esgld_hyperparameters,
+    resolve_algorithm,
+)
+from numpyro_sg.kernels.esgld.step import ESGLDState, esgld_initial_state, esgld_step
+from numpyro_sg.kernels.esgld.weights import proposal_weights, resolve_proposal_weights
+from numpyro_sg.kernels.step_size import step_size_at
+from numpyro_sg.spike_slab import SpikeSlab, effective_site_name, find_spike_slab, start_fn
+
+__all__ = ["ESGLD"]
+
+
+class ESGLD(SGKernel):
+    r"""Extended SGLD for Bayesian variable selection with a spike-and-slab NumPyro model
+    (Song, Sun, Ye & Liang (2020), "Extended stochastic gradient MCMC for large-scale Bayesian
+    variable selection", Biometrika).
+
+    Each iteration draws a mini-batch S of n of the N data, runs ``num_models`` = m moves of a
+    Metropolis–Hastings chain on the indicator γ (θ fixed up to sign flips), then moves θ by
+    one Langevin step.  The paper's algorithm (``proposal="paper", gradient="plain",
+    preconditioner=None``) averages the gradient over the m models γ_1..γ_m:
+
+    .. math::
+
+       \theta' = \theta + \frac{\varepsilon}{2m}\sum_{k=1}^m
+       \nabla_\theta \log \pi(\theta\mid\gamma_k, X_S) + \mathcal N(0, \varepsilon\tau I),
+
+    log π(θ | γ, X_S) = log π(θ|γ) + (N/n)·Σ_{i∈S} log f(x_i | θ·γ).  The default for a GLM
+    likelihood (θ the only continuous site) uses informed single-flip moves accepted on a
+    control-variate estimate of the log-likelihood and one Langevin step at the last model γ_m,
+    θ_j' = θ_j + (ε_j/2)·ĝ_j + N(0, ε_j·τ), ε_j = h·v_j, ĝ the control-variate gradient and v_j
+    the conditional posterior variance of θ_j (:mod:`numpyro_sg.kernels.esgld`).  A chain whose
+    state, log density or gradient becomes non-finite or explodes is frozen at its last safe
+    point with ``diverging`` set (:func:`~numpyro_sg.kernels.guard.guarded_update`).
+
+    **Step size.** ``step_size`` is in the preconditioner's units: with the default Laplace
+    scaling (``preconditioner="laplace"``) it is h, in units of each coefficient's
+    conditional posterior sd (the injected noise of θ_j has sd √(h·τ) posterior sds; ``None``:
+    :data:`~numpyro_sg.kernels.esgld.options.DEFAULT_STEP_SIZE` = 0.25).  With
+    ``preconditioner=None, gradient="plain"`` it is the paper's absolute step ε (``None``:
+    :data:`~numpyro_sg.kernels.esgld.options.PAPER_STEP_SIZE` = 1e-6; the paper uses ε ≈ 1/N
+    or smaller).  A float, an array over the flat unconstrained continuous sites, or a
+    schedule t ↦ ε_t (:func:`~numpyro_sg.polynomial_schedule`, or any callable); held in the
+    state (``state.hyper``), so :func:`numpyro_sg.mamba` can vary it across vectorised arms.
+
+    >>> import jax, numpy as np, numpyro_sg as nsg
+    >>> from numpyro.infer import MCMC
+    >>> from numpyro_sg.datasets import esgld_linear_model
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(500, 5)).astype(np.float32)
+    >>> y = (X @ np.array([1.5, -1.0, 0, 0, 0]) + rng.normal(size=500)).astype(np.float32)
+    >>> mcmc = MCMC(nsg.ESGLD(esgld_linear_model), num_warmup=200, num_samples=300, progress_bar=False)
+    >>> mcmc.run(jax.random.PRNGKey(0), X, y, subsample_size=100)
+    >>> (mcmc.get_samples()["inclusion"].mean(0) > 0.5).tolist()
+    [True, True, False, False, False]
+
+    :param model: NumPyro model with a subsample plate, an indicator site (Bernoulli, shape
+        (p,)) and a coefficient site (real, shape (p,)) entering the likelihood only through
+        their product (see :mod:`numpyro_sg.spike_slab`).
+    :param step_size: h (Laplace scaling) or the absolute ε (``preconditioner=None``); see
+        "Step size" above.
+    :param int num_models: m, the number of MH steps (models) on γ per iteration (paper: 10).
+    :param max_model_size: q, models are truncated to size(γ) ≤ q (1 ≤ q ≤ p; default p).
+    :param proposal: ``"auto"`` (default: ``"informed"`` when the likelihood is a detected GLM
+        and θ the only continuous site, else ``"paper"``), ``"informed"`` (locally balanced
+        single flips of (γ_j, sign θ_j) drawn ∝ exp(Δ̃/2) from the full-data quadratic
+        surrogate of every flip, exact MH on the control-variate estimate;
+        :func:`~numpyro_sg.kernels.esgld.informed.informed_indicator_chain`), ``"paper"`` (the
+        weighted birth / death / exchange moves of the paper's supplement §3 with
+        ``proposal_weights``), or an array of p weights (the paper's moves with these weights).
+    :param gradient: ``"auto"`` (``"cv"`` where ``"informed"`` applies, else ``"plain"``),
+        ``"cv"`` (control-variate gradient around the anchor, at the last model γ_m) or
+        ``"plain"`` (the paper's model-averaged mini-batch gradient).
+    :param preconditioner: ``"auto"`` (``"laplace"`` where ``"informed"`` applies, else
+        ``None``), ``"laplace"`` (step in units of the conditional posterior variance) or
+        ``None`` (absolute step).  The informed proposal, ``"cv"`` and ``"laplace"`` carry a
+        control-variate anchor (g and H of the full data at β̂, computed at iteration 0 and,
+        for a non-Gaussian likelihood, again at iteration 100 at the chain's current β:
+        :func:`~numpyro_sg.kernels.esgld.options.anchor_iterations`; O(N·p²) each, p² floats of
+        memory).
+    :param proposal_weights: ``"auto"`` (``"correlation"`` for a Gaussian GLM likelihood,
+        ``"deviance"`` for other GLMs, ``"uniform"`` otherwise), ``"correlation"``
+        (w_j = exp(abs(corr(y, x_j)) − 1)), ``"deviance"`` (w_j = exp(−(d_j − min d)/(5·sd d) −
+        0.1), d_j the one-variable GLM deviance), both on the first ``weight_rows`` rows,
+        ``"uniform"`` (w_j = ½) or an array of p weights in (0, 1).
+    :param bool flip_sign: flip θ_j's sign with probability ½ when j enters or leaves
+        (default, as in the paper).
+    :param mh_correction: ``None`` (plain mini-batch acceptance, as in the paper) or
+        ``"penalty"`` (subtract half the estimated variance of the mini-batch log-likelihood
+        difference — of the control-variate remainder with the anchor — from the log
+        acceptance ratio).  Automatic rule: no penalty during the warmup (the search), the full
+        penalty after it.  An error with a full batch (n = N), where there is no noise to
+        correct.
+    :param float temperature: τ (default 1).
+    :param indicator: name of the indicator site (found automatically when omitted).
+    :param coefficient: name of the coefficient site (found automatically when omitted).
+    :param fast_path: ``"auto"`` (GLM fast path when the likelihood is a GLM), ``"glm"``
+        (require it) or ``"generic"`` (evaluate the model for every proposal).
+    :param effective_name: name of the output β = θ·γ (default ``"beta"``, or
+        ``"<coefficient>_eff"`` if the model has a non-deterministic site called ``beta``);
+        a deterministic site of the model with that name is used as is.
+    :param str inclusion_name: name of the output inclusion frequency (default
+        ``"inclusion"``).
+    :param weight_rows: rows used to compute data-based proposal weights (default
+        :data:`~numpyro_sg.kernels.esgld.options.DEFAULT_WEIGHT_ROWS` = 20,000); an error with
+        weights that read no data.
+    :param subsample_size: mini-batch size n (overrides the plate's; the N/n scale follows).
+        n = N means full-batch: every iteration uses all N data (no noise).
+    :param bool replace: draw indices with replacement (default) or walk epochs.
+    :param init_strategy: NumPyro init strategy for the continuous sites (run with γ = 0);
+        default :func:`~numpyro_sg.spike_slab.init_to_spike` (θ from the spike, which the
+        paper's search needs).
+    :param bool check_data: check that the subsampled data are finite.
+
+    Output per draw (``mcmc.get_samples()``): the constrained continuous sites (θ, …), the
+    indicator γ_m as int32 in {0, 1}, the effective coefficients β = θ·γ_m and the inclusion
+    frequency (1/m)·Σ_k γ_k (its mean over draws estimates the marginal posterior inclusion
+    probabilities, the paper's Theorem 1(iii)); with informed proposals also
+    ``<inclusion_name>_rb``, the Rao-Blackwellised inclusion (the mean over the m states of
+    P(γ_j = 1 | θ, γ_{−j}, X) under the surrogate, eq. 8 of the ESGLD slides).  Extra fields:
+    ``step_size``, ``accept_prob`` (the mean over the m indicator moves of the
+    Metropolis–Hastings acceptance probability min(1, ratio)), ``model_size``, ``diverging``.
+
+    **At scale:**
+
+    .. code-block:: python
+
+        mcmc = MCMC(nsg.ESGLD(model, num_models=10, max_model_size=50),
+                    num_warmup=2000, num_samples=3000)
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+        nsg.selection_summary(mcmc, beta_true)        # inclusion, selected, β̂; FSR … in attrs
+        # the paper's algorithm:
+        nsg.ESGLD(model, 1e-6, proposal="paper", gradient="plain", preconditioner=None)
+    """
+
+    State = ESGLDState
+    HYPERPARAMETERS = ("step_size", "temperature")
+
+    def __init__(self, model, step_size=None, *, num_models: int = 10, max_model_size: int | None = None,
+                 proposal="auto", gradient: str = "auto", preconditioner: str | None = "auto",
+                 proposal_weights="auto", flip_sign: bool = True, mh_correction: str | None = None,
+                 temperature: float = 1.0, indicator: str | None = None, coefficient: str | None = None,
+                 fast_path: str = "auto", effective_name: str | None = None,
+                 inclusion_name: str = "inclusion", weight_rows: int | None = None,
+                 subsample_size=None, replace: bool = True, init_strategy=None, check_data: bool = True):
+        if step_size is not None and not callable(step_size):
+            check_positive("step_size", step_size)
+        check_positive("temperature", temperature)
+        arguments = locals()
+        self.options = ESGLDOptions(**{f.name: arguments[f.name] for f in fields(ESGLDOptions)})
+        super().__init__(model, subsample_size=subsample_size, replace=replace,
+                         init_strategy=init_strategy, check_data=check_data)
+        self.step_size = step_size
+        self.temperature = float(temperature)
+        self._setup = None
+
+    # -- public metadata ---------------------------------------------------------------------
+    @property
+    def setup(self) -> ESGLDSetup | None:
+        """The static :class:`~numpyro_sg.kernels.esgld.options.ESGLDSetup` built at ``init``
+        (what :func:`~numpyro_sg.kernels.esgld.step.esgld_step` reads)."""
+        return self._setup
+
+    @property
+    def spike_slab(self):
+        """The :class:`~numpyro_sg.spike_slab.SpikeSlab` structure found at ``init``."""
+        return None if self._setup is None else self._setup.spike_slab
+
+    @property
+    def indicator(self):
+        """Name of the indicator site (known after ``init``)."""
+        return None if self._setup is None else self.spike_slab.indicator
+
+    @property
+    def coefficient(self):
+        """Name of the coefficient site (known after ``init``)."""
+        return None if self._setup is None else self.spike_slab.coefficient
+
+    @property
+    def effective_name(self) -> str | None:
+        """Name of the output β = θ·γ (resolved at ``init``; the option before)."""
+        return self.options.effective_name if self._setup is None else self._setup.effective_name
+
+    @property
+    def inclusion_name(self) -> str:
+        """Name of the output inclusion frequency."""
+        return self.options.inclusion_name
+
+    @property
+    def uses_glm_path(self) -> bool:
+        """True when proposals use the O(n) GLM update (known after ``init``)."""
+        return self._setup is not None and self.spike_slab.glm is not None
+
+    def get_diagnostics_str(self, state):
+        msg = f"step size {float(jnp.mean(state.step_size)):.2e}, |γ| {int(jnp.max(state.model_size))}"
+        msg += f", acc. {float(jnp.mean(state.accept_prob)):.2f}"
+        if bool(jnp.any(state.diverging)):
+            msg += ", DIVERGED"
+        return msg
+
+    # -- init ----------------------------------------------------------------------------
+    def _prepare(self, model_args, model_kwargs) -> ESGLDSetup:
+        """The static :class:`ESGLDSetup`, from one model trace (and one vectorised check run)."""
+        o = self.options
+        info = trace_model(self._model, model_args, model_kwargs)
+        plates = subsample_plates(info, self._subsample_size, check_data=self._check_data,
+                                  model_args=model_args, model_kwargs=model_kwargs)
+        if len(plates) != 1:
+            raise ValueError(f"ESGLD needs exactly one subsample plate; the model has {[p.name for p in plates]}.")
+        ss = find_spike_slab(self._model, model_args, model_kwargs, indicator=o.indicator,
+                             coefficient=o.coefficient, subsample_size=self._subsample_size,
+                             glm={"auto": "auto", "glm": True, "generic": False}[o.fast_path], info=info)
+        p, plate = ss.num_coefficients, ss.plate
+        q = p if o.max_model_size is None else int(o.max_model_size)
+        if not 1 <= q <= p:
+            raise ValueError(f"max_model_size must lie in [1, p] = [1, {p}], got {q}.")
+        proposal, gradient, preconditioner = resolve_algorithm(o, ss)
+        kind = "uniform" if proposal == "informed" else resolve_proposal_weights(o.proposal_weights, ss.glm, p)
+        if proposal == "informed" and o.weight_rows is not None:
+            raise ValueError("weight_rows has no effect with proposal='informed' (it reads no weights).")
+        data_weights = isinstance(kind, str) and kind != "uniform"
+        if o.weight_rows is not None and not data_weights:
+            raise ValueError(f"weight_rows has no effect: the proposal weights of this model are {kind!r}.")
+        if o.mh_correction is not None and plate.subsample_size == plate.size:
+            raise ValueError("mh_correction='penalty' has no effect with a full batch (subsample_size = N).")
+        existing = info.site_types
+        if o.inclusion_name in existing:
+            raise ValueError(f"inclusion_name={o.inclusion_name!r} is a site of the model; pick another.")
+        self._mb = Minibatcher(self._model, plates, replace=self._replace)
+        self._deterministic_in_plate = ss.deterministic_in_plate
+        flat, unravel = ravel_pytree(info.unconstrained_example())
+        return ESGLDSetup(
+            ss, self._mb, unravel, int(flat.shape[0]), q, o.num_models, o.flip_sign,
+            None if o.mh_correction is None else self._mb.fraction_unsampled, o.inclusion_name,
+            effective_site_name(ss, existing, o.effective_name), kind,
+            min(o.weight_rows or DEFAULT_WEIGHT_ROWS, plate.size) if data_weights else None,
+            proposal, gradient, preconditioner,
+            rb_name=f"{o.inclusion_name}_rb" if proposal == "informed" else None,
+        )
+
+    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        self._num_warmup = int(num_warmup)
+        with jax.ensure_compile_time_eval():  # structural work stays eager under pmap too
+            setup = self._prepare(model_args, model_kwargs)
+            if setup.anchored:
+                setup = replace(setup, num_warmup=self._num_warmup,
+                                anchor_steps=anchor_iterations(setup.spike_slab.glm.family_name, self._num_warmup))
+            else:
+                setup = replace(setup, num_warmup=self._num_warmup)
+            self._setup = setup
+        ss, rows = setup.spike_slab, setup.weight_rows
+        batched, rng_key, key_init = split_init_key(rng_key)
+        given, gamma0 = _given_start(ss, init_params, setup.inclusion_name,
+                                     jnp.shape(rng_key)[0] if batched else None)
+        if not isinstance(gamma0, jax.core.Tracer) and bool(jnp.any(jnp.sum(gamma0, -1) > setup.max_model_size)):
+            raise ValueError(f"The initial indicator has more than max_model_size = {setup.max_model_size} ones.")
+        hyper = esgld_hyperparameters(self.step_size, self.temperature, setup.dim, setup.preconditioner)
+        family, strategy = (None if ss.glm is None else ss.glm.family), self._init_strategy
+
+        def init_one(key_init, key, given, gamma, model_args, model_kwargs):
+            if given is None or rows is not None:  # one model trace: the start and the weights' data
+                given, glm_rows = start_fn(ss, model_args, model_kwargs, strategy, rows)(key_init, given)
+            else:
+                glm_rows = None
+            weights = proposal_weights(setup.weight_kind, ss.num_coefficients, glm_rows, family)
+            return esgld_initial_state(setup, given, gamma, weights, hyper, key)
+
+        if batched:
+            init_one = jax.vmap(init_one, in_axes=(0, 0, 0, 0, None, None))
+        state = jit_with_data(init_one, model_args, model_kwargs)(key_init, rng_key, given, gamma0)
+        self._sample_fn = self.sample
+        return state
+
+    # -- one iteration -----------------------------------------------------------------
+    def step(self, state, model_args, model_kwargs):
+        """One iteration of one chain: :func:`~numpyro_sg.kernels.esgld.step.esgld_step` with the
+        setup built at ``init``."""
+        return esgld_step(self._setup, state, model_args, model_kwargs)
+
+    def _refresh(self, state):
+        return state._replace(step_size=step_size_at(state.hyper.step_size, state.i))
+
+    # -- output ------------------------------------------------------------------------
+    def postprocess_fn(self, model_args, model_kwargs):
+        """Constrained draws: the continuous sites (deterministic ones included), γ, the
+        inclusion frequency and β = θ·γ (unless the model has it as a deterministic site)."""
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        setup = self._setup
+        if setup is None:
+            return lambda z: z
+        ss = setup.spike_slab
+        model = full_data(self._model, self._mb.plates) if ss.deterministic_in_plate else with_indices(
+            self._model, ss.first_indices(1)
+        )
+        eff, incl = setup.effective_name, setup.inclusion_name
+
+        def postprocess(z):
+            params, gamma = setup.unpack(z)
+            out = constrain_fn(ss.conditioned(gamma, model), model_args, model_kwargs, params,
+                               return_deterministic=True)
+            out[ss.indicator] = gamma
+            out[incl] = z[incl]
+            if setup.rb_name is not None:
+                out[setup.rb_name] = z[setup.rb_name]
+            if eff not in out:
+                out[eff] = out[ss.coefficient] * gamma
+            return out
+
+        return postprocess
+
+
+def _given_start(ss: SpikeSlab, init_params, inclusion_name, num_chains):
+    """(given unconstrained continuous values or None, starting indicator as int32)."""
+    given, gamma = None, None
+    if init_params is not None:
+        given = {k: v for k, v in dict(init_params).items() if k not in (ss.indicator, inclusion_name)}
+        gamma = dict(init_params).get(ss.indicator)
+        given = given or None
+    if gamma is None:
+        gamma = jnp.zeros((ss.num_coefficients,) if num_chains is None else (num_chains, ss.num_coefficients))
+    return given, jnp.asarray(gamma).astype(jnp.int32)
