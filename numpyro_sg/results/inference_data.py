@@ -317,7 +317,8 @@ def summary(
     """``az.summary`` of the posterior plus a per-coordinate ``ksd`` column and, for indicator
     sites, an ``inclusion_prob`` column.
 
-    ``ksd`` is paper 000's per-coordinate KSD term √(V_j) of each unconstrained coordinate
+    ``ksd`` is the per-coordinate KSD term √(V_j) (Song, Sun, Ye & Liang 2020, supplement §4.4)
+    of each unconstrained coordinate
     (their sum is the per-coordinate KSD), shown on the row of the matching posterior entry
     (``theta[3]``; a positive site's row shows the KSD of its log). Rows with no matching
     coordinate (deterministic sites, indicators, sites whose unconstrained shape differs, such

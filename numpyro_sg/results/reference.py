@@ -1,4 +1,4 @@
-r"""NUTS ground truth and comparison of a run with it (SPEC §9).
+r"""NUTS ground truth and comparison of a run with it.
 
 :func:`nuts_reference` runs NumPyro's NUTS on the full data (every subsample plate switched
 to ``arange(N)``), optionally caching the result on disk; :func:`compare` reports how far a
