@@ -64,7 +64,7 @@ def main(argv=None):
         jax.block_until_ready(mcmc.get_samples())
         idata = nsg.to_inference_data(mcmc, sampling_time=time.perf_counter() - start)
         runs[name] = idata
-        table = nsg.compare(idata, ref)
+        table = nsg.compare_to_reference(idata, ref)
         stats = idata.sample_stats.attrs
         print(f"\n{name}: {idata.posterior.attrs['sampling_time']:.1f} s; KSD {stats['ksd']:.3f} "
               f"(own sd), {table.attrs['ksd']:.3f} on NUTS's scale (NUTS {table.attrs['ksd_reference']:.3f}), "

@@ -86,7 +86,7 @@ def main(argv=None):
     print(f"\nTuned kernels, {args.num_samples} draws each, against NUTS:")
     for i, (name, kernel) in enumerate(tuned.items()):
         idata = run_tuned(kernel, X, y, args.num_samples, seed=i + 1)
-        table = nsg.compare(idata, ref)
+        table = nsg.compare_to_reference(idata, ref)
         print(f"{name:22s} ξ(σ̂) = {100 * table.attrs['xi_sd']:5.1f}%   max |mean err| = "
               f"{table['mean_err'].abs().max():.2f} sd   KSD {table.attrs['ksd']:.3f} "
               f"(NUTS {table.attrs['ksd_reference']:.3f})   {idata.posterior.attrs['sampling_time']:.1f} s")
