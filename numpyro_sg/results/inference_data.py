@@ -182,12 +182,17 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     if "sample_stats" in idata.groups():
         _name_coordinate_dims(idata, scores.coordinate_names)
     if ksd:
-        start = time.perf_counter()
-        stein = stein_dataset(run_samples(mcmc), scores, ksd_draws)
-        scales = resolve_run_scales(preconditioner, stein, scores)
-        attach_ksd(idata, stein, scales, preconditioner, ksd_options)
-        idata.sample_stats.attrs["ksd_seconds"] = time.perf_counter() - start
+        _attach_run_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options)
     return idata
+
+
+def _attach_run_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options):
+    """Score the run's draws and :func:`attach_ksd`, recording the time it took."""
+    start = time.perf_counter()
+    stein = stein_dataset(run_samples(mcmc), scores, ksd_draws)
+    scales = resolve_run_scales(preconditioner, stein, scores)
+    attach_ksd(idata, stein, scales, preconditioner, ksd_options)
+    idata.sample_stats.attrs["ksd_seconds"] = time.perf_counter() - start
 
 
 def _checked_ksd_options(mcmc, ksd_options) -> dict:
