@@ -9,7 +9,7 @@ stochastic-gradient chains on 10% mini-batches: the papers' SGLD with a small st
 step 20× too large, the papers' corrected SGBD with its adaptive step, and SGLD with the
 package's defaults (warmup mode search, Laplace preconditioner, control variates).  For each chain the script prints
 the KSD that :func:`numpyro_sg.to_inference_data` stores, the comparison table with NUTS
-(:func:`numpyro_sg.compare`: mean error in NUTS sds, relative sd error, ξ(σ̂), KSD of both
+(:func:`numpyro_sg.compare_to_reference`: mean error in NUTS sds, relative sd error, ξ(σ̂), KSD of both
 on NUTS's scale) and the KSD of the papers' raw form, then plots KSD against sampling time
 for every run on one common scale (:func:`numpyro_sg.plot_ksd_path`).
 """

@@ -11,7 +11,7 @@ grid (``preconditioner=None``).  The arms share one warmup (mode, Laplace scales
 control-variate anchor) and start at draws of the Laplace approximation; they are scored by
 the KSD of their ESS-thinned draws (an estimate of their bias) with mini-batch scores, and
 ``time_budget`` is the wall time of each call.  Each tuned kernel is then run with ``numpyro.infer.MCMC`` and compared with NUTS on
-the full data (:func:`numpyro_sg.nuts_reference`, :func:`numpyro_sg.compare`): mean and sd
+the full data (:func:`numpyro_sg.nuts_reference`, :func:`numpyro_sg.compare_to_reference`): mean and sd
 errors per coordinate, ξ(σ̂) and KSD on NUTS's scale.  The 1/N heuristic
 (:func:`numpyro_sg.heuristic_step_size`) at a 10% batch is run for comparison.
 """
