@@ -174,11 +174,11 @@ def laplace_scales(score, init, num_steps: int = 50, tol: float = 1e-4) -> np.nd
 def laplace_approximation(score, init, num_steps: int = 50, tol: float = 1e-4):
     r"""Mode of π and Laplace scales √diag((−H)⁻¹) there, H = ∇² log π = ``jax.jacfwd(score)``.
 
-    The mode is found by damped Newton steps on the score started at ``init`` (e.g. the mean
+    The mode is found by :func:`damped_newton` on the score started at ``init`` (e.g. the mean
     of the draws): θ ← θ + α·(−H + λI)⁻¹·s(θ), λ = 0 while −H is positive definite (else just
     enough to make it so), α halved (up to 10 times) until ‖s‖ does not increase (an error
-    if no α does).  Converged
-    when every Newton step component is below ``tol`` times that coordinate's Laplace sd.
+    if no α does).  Converged when every Newton step component is below ``tol`` times that
+    coordinate's Laplace sd (that last step is taken too).
 
     :param score: function of one point (d,) returning ∇ log π there (JAX-differentiable).
     :param init: start point, shape (d,).
