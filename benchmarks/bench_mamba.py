@@ -69,7 +69,7 @@ def accuracy(make, params, X, y, ref, num_samples, seed):
     mcmc.run(jax.random.PRNGKey(100 + seed), X, y)
     jax.block_until_ready(mcmc.get_samples())
     idata = nsg.to_inference_data(mcmc, sampling_time=time.perf_counter() - start)
-    table = nsg.compare(idata, ref, ksd=False)
+    table = nsg.compare_to_reference(idata, ref, ksd=False)
     return float(table.attrs["xi_sd"]), float(np.max(np.abs(table["mean_err"]))), time.perf_counter() - start
 
 

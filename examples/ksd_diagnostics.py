@@ -9,7 +9,7 @@ stochastic-gradient chains on 10% mini-batches: the papers' SGLD with a small st
 step 20× too large, the papers' corrected SGBD with its adaptive step, and SGLD with the
 package's defaults (warmup mode search, Laplace preconditioner, control variates).  For each chain the script prints
 the KSD that :func:`numpyro_sg.to_inference_data` stores, the comparison table with NUTS
-(:func:`numpyro_sg.compare`: mean error in NUTS sds, relative sd error, ξ(σ̂), KSD of both
+(:func:`numpyro_sg.compare_to_reference`: mean error in NUTS sds, relative sd error, ξ(σ̂), KSD of both
 on NUTS's scale) and the KSD of the papers' raw form, then plots KSD against sampling time
 for every run on one common scale (:func:`numpyro_sg.plot_ksd_path`).
 """
@@ -64,7 +64,7 @@ def main(argv=None):
         jax.block_until_ready(mcmc.get_samples())
         idata = nsg.to_inference_data(mcmc, sampling_time=time.perf_counter() - start)
         runs[name] = idata
-        table = nsg.compare(idata, ref)
+        table = nsg.compare_to_reference(idata, ref)
         stats = idata.sample_stats.attrs
         print(f"\n{name}: {idata.posterior.attrs['sampling_time']:.1f} s; KSD {stats['ksd']:.3f} "
               f"(own sd), {table.attrs['ksd']:.3f} on NUTS's scale (NUTS {table.attrs['ksd_reference']:.3f}), "

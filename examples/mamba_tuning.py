@@ -11,7 +11,7 @@ grid (``preconditioner=None``).  The arms share one warmup (mode, Laplace scales
 control-variate anchor) and start at draws of the Laplace approximation; they are scored by
 the KSD of their ESS-thinned draws (an estimate of their bias) with mini-batch scores, and
 ``time_budget`` is the wall time of each call.  Each tuned kernel is then run with ``numpyro.infer.MCMC`` and compared with NUTS on
-the full data (:func:`numpyro_sg.nuts_reference`, :func:`numpyro_sg.compare`): mean and sd
+the full data (:func:`numpyro_sg.nuts_reference`, :func:`numpyro_sg.compare_to_reference`): mean and sd
 errors per coordinate, ξ(σ̂) and KSD on NUTS's scale.  The 1/N heuristic
 (:func:`numpyro_sg.heuristic_step_size`) at a 10% batch is run for comparison.
 """
@@ -86,7 +86,7 @@ def main(argv=None):
     print(f"\nTuned kernels, {args.num_samples} draws each, against NUTS:")
     for i, (name, kernel) in enumerate(tuned.items()):
         idata = run_tuned(kernel, X, y, args.num_samples, seed=i + 1)
-        table = nsg.compare(idata, ref)
+        table = nsg.compare_to_reference(idata, ref)
         print(f"{name:22s} ξ(σ̂) = {100 * table.attrs['xi_sd']:5.1f}%   max |mean err| = "
               f"{table['mean_err'].abs().max():.2f} sd   KSD {table.attrs['ksd']:.3f} "
               f"(NUTS {table.attrs['ksd_reference']:.3f})   {idata.posterior.attrs['sampling_time']:.1f} s")

@@ -3,13 +3,14 @@
 from numpyro_sg.kernels import ESGLD, SGBD, SGLD, DivergenceWarning, SparseAsync, polynomial_schedule
 from numpyro_sg.kernels import BAOAB, PSGLD, CyclicalSGLD
 from numpyro_sg.kernels import SGHMC, SGNHT
-from numpyro_sg.results.inference_data import summary, to_inference_data
+from numpyro_sg.results.inference_data import to_inference_data
+from numpyro_sg.results.summary import posterior_summary
 from numpyro_sg.diagnostics.convergence import ConvergenceWarning, check_convergence
 from numpyro_sg.diagnostics.ksd import ksd_path, ksd_per_coordinate
 from numpyro_sg.diagnostics.plots import plot_ksd_path
 from numpyro_sg.diagnostics.stein import fssd, ksd
 from numpyro_sg.infer.minibatch import find_subsample_plates
-from numpyro_sg.results.reference import compare, nuts_reference, plot_compare
+from numpyro_sg.results.reference import compare_to_reference, nuts_reference, plot_reference_comparison
 from numpyro_sg.results.selection import selection_summary
 from numpyro_sg.tuning import grid_search, heuristic_step_size, mamba
 from numpyro_sg.version import __version__  # noqa: F401
@@ -30,15 +31,15 @@ __all__ = [
     "polynomial_schedule",
     "find_subsample_plates",
     "to_inference_data",
-    "summary",
+    "posterior_summary",
     "ksd",
     "ksd_path",
     "ksd_per_coordinate",
     "fssd",
     "plot_ksd_path",
     "nuts_reference",
-    "compare",
-    "plot_compare",
+    "compare_to_reference",
+    "plot_reference_comparison",
     "mamba",
     "grid_search",
     "heuristic_step_size",

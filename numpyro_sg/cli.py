@@ -39,7 +39,7 @@ def demo(num_data=100_000, dim=10, subsample_size=1000, num_warmup=1000, num_sam
         jax.block_until_ready(mcmc.get_samples())
         elapsed = time.perf_counter() - start
         idata = nsg.to_inference_data(mcmc, sampling_time=elapsed)
-        summary = nsg.summary(idata, var_names=["theta"])
+        summary = nsg.posterior_summary(idata, var_names=["theta"])
         summary.insert(0, "true", np.asarray(theta_true))
         stats = idata.sample_stats
         out(f"\n{name}: {elapsed:.1f} s in all (the warmup's mode search "
@@ -60,7 +60,7 @@ def demo(num_data=100_000, dim=10, subsample_size=1000, num_warmup=1000, num_sam
     out(f"NUTS: {reference.posterior.attrs['sampling_time']:.1f} s")
     lines = []
     for name, idata in results.items():
-        table = nsg.compare(idata, reference)
+        table = nsg.compare_to_reference(idata, reference)
         out(f"\n{name} vs NUTS:")
         out(table[["mean_err", "sd_rel_err", "ess_per_s", "ref_ess_per_s"]].round(3).to_string())
         lines.append(f"{name}  xi(sd) = {100 * table.attrs['xi_sd']:5.1f}%   max |mean err| = "

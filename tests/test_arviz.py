@@ -69,8 +69,8 @@ def test_netcdf_round_trip_is_lossless(idata, tmp_path):
         for key, value in idata[group].attrs.items():
             np.testing.assert_array_equal(back[group].attrs[key], value)
     assert nsg.ksd(back) == pytest.approx(idata.sample_stats.attrs["ksd"])
-    table = nsg.summary(back)
-    np.testing.assert_allclose(table["ksd"], nsg.summary(idata)["ksd"])
+    table = nsg.posterior_summary(back)
+    np.testing.assert_allclose(table["ksd"], nsg.posterior_summary(idata)["ksd"])
 
 
 def test_arviz_functions_run(idata):
@@ -87,7 +87,7 @@ def test_arviz_functions_run(idata):
 
 
 def test_summary_has_per_coordinate_ksd(idata):
-    table = nsg.summary(idata)
+    table = nsg.posterior_summary(idata)
     assert list(table.index) == ["theta[0]", "theta[1]", "theta[2]"]
     assert np.all(np.isfinite(table["ksd"])) and np.all(table["ksd"] > 0)
     assert "inclusion_prob" not in table  # no indicator sites
@@ -99,9 +99,9 @@ def test_summary_has_per_coordinate_ksd(idata):
     assert table["ksd"].sum() == pytest.approx(
         nsg.ksd(x, scores=s, preconditioner=scales, per_coordinate=True), rel=1e-6
     )
-    raw = nsg.summary(idata, preconditioner=None)  # the papers' raw form, recomputed
+    raw = nsg.posterior_summary(idata, preconditioner=None)  # the papers' raw form, recomputed
     assert np.all(np.isfinite(raw["ksd"])) and not np.allclose(raw["ksd"], table["ksd"])
-    np.testing.assert_allclose(nsg.summary(idata, preconditioner=scales)["ksd"], table["ksd"])
+    np.testing.assert_allclose(nsg.posterior_summary(idata, preconditioner=scales)["ksd"], table["ksd"])
 
 
 def test_options_and_limits(sgbd_run):

@@ -485,7 +485,7 @@ def test_acceptance_defaults_at_n_100000(kind, tmp_path_factory):
                              cache_dir=tmp_path_factory.mktemp("nuts"), progress_bar=False)
     for name, make in DEFAULTS.items():
         idata = nsg.to_inference_data(_run(make(ACCEPTANCE[kind]), X, y, seed=1), ksd=False)
-        table = nsg.compare(idata, ref, ksd=False)
+        table = nsg.compare_to_reference(idata, ref, ksd=False)
         rhat = nsg.check_convergence(idata, warn=False)["r_hat"].max()
         print(kind, name, table.attrs["xi_sd"], table["mean_err"].abs().max(), rhat)
         assert table.attrs["xi_sd"] <= 0.05, (name, table)

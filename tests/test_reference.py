@@ -106,7 +106,7 @@ def test_nuts_reference_is_full_data_and_cached(runs):
 
 
 def test_compare_table_and_xi(runs):
-    table = nsg.compare(runs["small"], runs["ref"])
+    table = nsg.compare_to_reference(runs["small"], runs["ref"])
     print(table.round(3).to_string(), table.attrs)
     assert list(table.index) == [f"theta[{j}]" for j in range(D)]
     assert {"mean_err", "sd_rel_err", "ess_per_s"} <= set(table.columns)
@@ -126,8 +126,8 @@ def test_compare_table_and_xi(runs):
 
 
 def test_too_large_step_gives_larger_xi_and_ksd(runs):
-    small = nsg.compare(runs["small"], runs["ref"])
-    large = nsg.compare(runs["large"], runs["ref"])
+    small = nsg.compare_to_reference(runs["small"], runs["ref"])
+    large = nsg.compare_to_reference(runs["large"], runs["ref"])
     print("xi:", small.attrs["xi_sd"], large.attrs["xi_sd"])
     print("KSD common scale:", small.attrs["ksd"], large.attrs["ksd"], small.attrs["ksd_reference"])
     # measured ξ 0.11 vs 0.69: a 2× margin; KSD 0.30 vs 0.40 (common scale, the same for both)
@@ -162,16 +162,16 @@ def test_posteriordb_reference_in_compare():
     assert ref.posterior["beta"].shape == (10, 1000, 5)
     # a run that *is* a sample of the reference (other chains): ξ ≈ 0, mean error ≈ 0
     run = az.from_dict(posterior={k: ref.posterior[k].values[:5] for k in ("beta", "sigma")})
-    table = nsg.compare(run, ref, ksd=False)
+    table = nsg.compare_to_reference(run, ref, ksd=False)
     assert list(table.index) == [f"beta[{j}]" for j in range(5)] + ["sigma"]
     assert table.attrs["xi_sd"] < 0.05  # 5,000 of the 10,000 draws: sampling noise only
     # renamed to the model's site names
     renamed = posteriordb_reference("sblri-blr", names={"beta": "coef"})
     assert "coef" in renamed.posterior and "beta" not in renamed.posterior
     with pytest.raises(ValueError, match="share no variable"):
-        nsg.compare(az.from_dict(posterior={"beta": run.posterior["beta"].values}),
+        nsg.compare_to_reference(az.from_dict(posterior={"beta": run.posterior["beta"].values}),
                     renamed, var_names=None, ksd=False, reference_names={"sigma": "s"})
-    table = nsg.compare(run.rename_vars({"beta": "coef"}), renamed, var_names="coef", ksd=False)
+    table = nsg.compare_to_reference(run.rename_vars({"beta": "coef"}), renamed, var_names="coef", ksd=False)
     assert list(table.index) == [f"coef[{j}]" for j in range(5)]
 
 
@@ -185,7 +185,7 @@ def test_plots_from_the_package(runs, tmp_path):
                            reference=runs["ref"])
     assert len(ax.get_lines()) == 2
     ax.figure.savefig(tmp_path / "ksd_path.png")
-    axes = nsg.plot_compare(runs["small"], runs["ref"])
+    axes = nsg.plot_reference_comparison(runs["small"], runs["ref"])
     assert sum(bool(a.get_title()) for a in np.ravel(axes)) == D
     plt.close("all")
 

@@ -340,7 +340,7 @@ def test_defaults_match_nuts_on_logistic_regression(name, logistic_nuts):
     (expected ≈ 0.04 from both Monte Carlo errors), max mean error ≤ 0.2 NUTS sd, R̂ ≤ 1.01."""
     X, y, ref = logistic_nuts
     idata = nsg.to_inference_data(_run(KERNELS[name](logistic_model), (X, y), seed=1), ksd=False)
-    table = nsg.compare(idata, ref)
+    table = nsg.compare_to_reference(idata, ref)
     assert table.attrs["xi_sd"] <= 0.08, table
     assert table["mean_err"].abs().max() <= 0.2, table
     assert nsg.check_convergence(idata, warn=False)["r_hat"].max() <= 1.01
@@ -359,7 +359,7 @@ def test_acceptance_defaults_at_n_100000(kind, tmp_path_factory):
                              ksd_draws=None)
     for name, make in KERNELS.items():
         idata = nsg.to_inference_data(_run(make(LARGE[kind]), (X, y), seed=1), ksd=False)
-        table = nsg.compare(idata, ref)
+        table = nsg.compare_to_reference(idata, ref)
         rhat = nsg.check_convergence(idata, warn=False)["r_hat"].max()
         assert table.attrs["xi_sd"] <= 0.05, (name, table)
         assert table["mean_err"].abs().max() <= 0.2, (name, table)

@@ -405,7 +405,7 @@ def test_outputs_fields_and_summary(tiny):
     assert 0.2 < off.std() < 0.4 and len(np.unique(off)) > 0.9 * off.size
     probs = inclusion_probabilities(mcmc)
     assert probs.shape == (8,) and probs[0] > 0.5
-    table = nsg.summary(nsg.to_inference_data(mcmc, ksd=False))
+    table = nsg.posterior_summary(nsg.to_inference_data(mcmc, ksd=False))
     assert "inclusion_prob" in table.columns
     np.testing.assert_allclose(table.loc["delta[0]", "inclusion_prob"], probs[0], atol=1e-6)
 

@@ -147,7 +147,7 @@ def test_defaults_match_nuts(kind, name, nuts_refs):
         mcmc = _run(DEFAULTS[name](MODELS[kind]), X, y)
         nsg.check_convergence(mcmc)
     idata = nsg.to_inference_data(mcmc, ksd=False)
-    table = nsg.compare(idata, ref)
+    table = nsg.compare_to_reference(idata, ref)
     assert table.attrs["xi_sd"] <= 0.08, table
     assert table["mean_err"].abs().max() <= 0.2, table
     table = nsg.check_convergence(idata, warn=False)
@@ -318,7 +318,7 @@ def test_acceptance_defaults_at_n_100000(kind, tmp_path_factory):
                              cache_dir=tmp_path_factory.mktemp("nuts"), progress_bar=False)
     for name, make in DEFAULTS.items():
         idata = nsg.to_inference_data(_run(make(LARGE[kind]), X, y, seed=1), ksd=False)
-        table = nsg.compare(idata, ref)
+        table = nsg.compare_to_reference(idata, ref)
         rhat = nsg.check_convergence(idata, warn=False)["r_hat"].max()
         print(kind, name, table.attrs["xi_sd"], table["mean_err"].abs().max(), rhat)
         assert table.attrs["xi_sd"] <= 0.05, (name, table)

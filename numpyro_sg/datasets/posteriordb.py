@@ -1,8 +1,9 @@
 """Reference posteriors from a local copy of posteriordb (Stan NUTS draws).
 
 :func:`posteriordb_reference` turns a posterior's reference draws into an ``InferenceData``
-with the model's site names, ready for :func:`numpyro_sg.compare`.  The folder is given as
-``root=`` or by the environment variable ``NUMPYRO_SG_POSTERIORDB``; nothing is downloaded.
+with the model's site names, ready for :func:`numpyro_sg.compare_to_reference`.  The folder is
+given as ``root=`` or by the environment variable ``NUMPYRO_SG_POSTERIORDB``; nothing is
+downloaded.
 Layout (posteriordb's): ``posteriors/NAME.json`` names the data set, ``data/DATA.json.zip`` is a
 zipped JSON object of the Stan data, ``draws/NAME.json.zip`` a zipped JSON list of chains, each
 a dict ``parameter -> list of draws`` with vector parameters named ``beta[1]``, ``beta[2]``, …

@@ -1,4 +1,7 @@
-r"""Matrix factorisation of ratings (paper 001 §5.3, appendix A.4.5): data, models, accuracy.
+r"""Matrix factorisation of ratings: data, models, accuracy.
+
+As in the experiments of Mauri & Zanella (2024), 'Robust approximate sampling via stochastic
+gradient Barker dynamics' (§5.3, appendix A.4.5).
 
 A ratings table holds triples (user u, item i, rating r) of the observed entries of a
 U × M matrix R.  This module gives
@@ -11,9 +14,9 @@ U × M matrix R.  This module gives
 * :func:`simulate_ratings` — a low-rank ratings matrix R = U·Vᵀ + ε with known factors, for
   tests: its *noise floor* is the noise sd (the test RMSE of the true factors' predictions);
 * :func:`bpmf_model` — Bayesian probabilistic matrix factorisation (Salakhutdinov & Mnih
-  2008; paper 001 eq. 18) and :func:`ppmf_model` — Poisson matrix factorisation (eq. 47), both
-  with the likelihood in a subsample plate over the observed ratings, so every
-  stochastic-gradient kernel runs them;
+  2008; Mauri & Zanella 2024, eq. 18) and :func:`ppmf_model` — Poisson matrix factorisation
+  (their eq. 47), both with the likelihood in a subsample plate over the observed ratings, so
+  every stochastic-gradient kernel runs them;
 * :func:`rmse_trace` — test RMSE of each draw's predictions and of the running MCMC average of
   the predictions, in memory O(n_test + d) whatever the number of draws.
 
@@ -210,7 +213,7 @@ def bpmf_model(users, items, ratings=None, *, num_users: int, num_items: int, ra
 def ppmf_model(users, items, ratings=None, *, num_users: int, num_items: int, rank: int = 100,
                subsample_size: int = 1000, a: float = 0.3, a_prime: float = 0.3,
                b_prime: float = 1.0, c: float = 0.3, c_prime: float = 0.3, d_prime: float = 1.0):
-    """Poisson matrix factorisation (Gopalan et al. 2015; paper 001 eq. 47).
+    """Poisson matrix factorisation (Gopalan et al. 2015; Mauri & Zanella 2024, eq. 47).
 
     R_ui ~ Poisson(θ_uᵀβ_i) in the subsample plate ``ratings``; θ_uk ~ Γ(a, ε_u),
     β_ik ~ Γ(c, ν_i), ε_u ~ Γ(a', a'/b'), ν_i ~ Γ(c', c'/d') (shape, rate); the paper's

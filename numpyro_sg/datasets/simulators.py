@@ -1,6 +1,7 @@
 """Simulators for the papers' experiments and the matching NumPyro models.
 
-The matrix-factorisation models, ratings simulator and loaders (paper 001 §5.3) live in
+The matrix-factorisation models, ratings simulator and loaders (the BPMF experiments of Mauri &
+Zanella (2024), 'Robust approximate sampling via stochastic gradient Barker dynamics') live in
 :mod:`numpyro_sg.datasets.ratings` and are re-exported here.
 """
 
@@ -77,7 +78,7 @@ def logistic_regression_model(X, y=None, subsample_size: int = 1000, prior_scale
 
 
 # -------------------------------------------------------------------------------------------
-# ESGLD (paper 000): linear (Table 1) and logistic (Table S1) variable selection
+# ESGLD (Song, Sun, Ye & Liang 2020): linear (their Table 1) and logistic (Table S1) selection
 # -------------------------------------------------------------------------------------------
 def _equicorrelated_design(rng, num_data, num_features, correlation, dtype=np.float32):
     """Rows z ~ N(0, Σ), Σ_jj = 1 and Σ_jk = ``correlation`` (a shared factor), built in chunks."""
@@ -184,7 +185,9 @@ def esgld_linear_model(
     spike_var: float = 0.025,
     prior_inclusion: float | None = None,
 ):
-    r"""Spike-and-slab linear regression with the priors of paper 000, supp. §4.1 (S10–S11).
+    r"""Spike-and-slab linear regression with the priors of Song, Sun, Ye & Liang (2020),
+    'Extended stochastic gradient Markov chain Monte Carlo for large-scale Bayesian variable
+    selection' (supplement §4.1, S10–S11).
 
     γ_j ~ Bernoulli(λ) independently, λ = 1/P^1.1 by default (P = number of columns of X,
     the intercept included: the paper's 1/(p+1)^1.1); θ_j | γ_j ~ N(0, σ1²) (slab,
@@ -209,7 +212,9 @@ def esgld_logistic_model(
     spike_var: float = 0.025,
     prior_inclusion: float | None = None,
 ):
-    r"""Spike-and-slab logistic regression with the priors of paper 000, supp. §4.2 (S13–S14).
+    r"""Spike-and-slab logistic regression with the priors of Song, Sun, Ye & Liang (2020),
+    'Extended stochastic gradient Markov chain Monte Carlo for large-scale Bayesian variable
+    selection' (supplement §4.2, S13–S14).
 
     γ_j ~ Bernoulli(λ), λ = 1/(1 + P^0.5·√(2π)) by default (P columns of X, intercept
     included: the paper's ζ = 0.5); θ_j | γ ~ N(0, σ_S²) on the model S = {j: γ_j = 1} with
@@ -231,7 +236,7 @@ def esgld_logistic_model(
 
 
 # -------------------------------------------------------------------------------------------
-# SparseAsync (paper 003, §4.1 linear and §4.2 logistic)
+# SparseAsync (Atchadé & Wang 2023, §4.1 linear and §4.2 logistic)
 # -------------------------------------------------------------------------------------------
 def _ar1_design(rng, num_data, num_features, correlation, dtype=np.float32):
     """Rows x ~ N(0, Σ), Σ_ij = ϱ^|i−j| (an AR(1) recursion along the columns)."""
@@ -253,7 +258,8 @@ def _sparse_truth(rng, num_features, num_nonzero):
 
 
 def _sparse_design(num_features, num_data, correlation, num_nonzero, seed):
-    """(rng, X, θ*) of paper 003's experiments; N = p/2 unless ``num_data`` is given."""
+    """(rng, X, θ*) of the experiments of Atchadé & Wang (2023), 'A fast asynchronous MCMC sampler for sparse Bayesian inference';
+    N = p/2 unless ``num_data`` is given."""
     N = num_features // 2 if num_data is None else int(num_data)
     rng = np.random.default_rng(seed)
     X = _ar1_design(rng, N, num_features, correlation)

@@ -1,13 +1,18 @@
-r"""Laplace approximation of a density from its score alone (no ``numpyro_sg`` imports).
+r"""Damped Newton iterations and the Laplace approximation of a density (no ``numpyro_sg`` imports).
 
-Given the score s(θ) = ∇ log π(θ) as a JAX function, :func:`laplace_approximation` finds the
-mode of π by damped Newton steps (the Hessian H = ∇² log π is ``jax.jacfwd(score)``) and returns
-it with the Laplace scales √diag((−H)⁻¹) there; :func:`laplace_scales` returns the scales only.
-The diagnostics use the scales as the ``preconditioner="laplace"`` of the KSD and FSSD (SPEC §7),
-and the kernels' warm-up can use the mode and scales to start and precondition a chain.
+:func:`damped_newton` is the one Newton loop of the package: damped steps
+(:func:`damped_newton_step`) with a halving line search (:func:`line_search`) until every step
+component is below a tolerance in Laplace sds.  The kernels' warmup runs it on the full-data log
+density (:func:`numpyro_sg.infer.warmup.find_mode`); :func:`laplace_approximation` runs it on a
+score s(θ) = ∇ log π(θ) given as a JAX function (the Hessian H = ∇² log π is
+``jax.jacfwd(score)``) and returns the mode with the Laplace scales √diag((−H)⁻¹) there;
+:func:`laplace_scales` returns the scales only.  The diagnostics use the scales as the
+``preconditioner="laplace"`` of the KSD and FSSD.
 """
 
 from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +20,9 @@ import numpy as np
 
 __all__ = [
     "damped_newton_step",
+    "line_search",
+    "damped_newton",
+    "NewtonResult",
     "laplace_approximation",
     "laplace_scales",
 ]
@@ -49,6 +57,95 @@ def damped_newton_step(neg_hessian, grad):
     return step, sd, lam > 0
 
 
+class NewtonResult(NamedTuple):
+    """The end of a :func:`damped_newton` loop.
+
+    :ivar point: the last accepted point.
+    :ivar state: ``evaluate(point)``.
+    :ivar bool converged: every component of the last Newton step was below the tolerance.
+    :ivar int steps: Newton steps taken (the converging one counted).
+    :ivar bool stalled: the loop stopped because no damped step passed the line search.
+    :ivar bool damped: the last step was damped (−H not positive definite there).
+    """
+
+    point: Any
+    state: Any
+    converged: bool
+    steps: int
+    stalled: bool
+    damped: bool
+
+
+def _add(point, alpha, step):
+    return point + alpha * step
+
+
+def line_search(evaluate: Callable, accept: Callable, point, state, step, move: Callable = _add,
+                halvings: int = 10):
+    """``move(point, α, step)`` with α = 1, ½, …, 2^−``halvings`` until
+    ``accept(state, evaluate(new point))``.
+
+    :return: ``(new point, its state, True)``, or ``(point, state, False)`` when no α passes.
+
+    **Example:**
+
+    >>> line_search(lambda x: -x**2, lambda old, new: new > old, 1.0, -1.0, -4.0)
+    (0.0, -0.0, True)
+    """
+    alpha = 1.0
+    for _ in range(halvings + 1):
+        new_point = move(point, alpha, step)
+        new_state = evaluate(new_point)
+        if accept(state, new_state):
+            return new_point, new_state, True
+        alpha *= 0.5
+    return point, state, False
+
+
+def damped_newton(evaluate: Callable, point, *, gradient: Callable, curvature: Callable,
+                  accept: Callable, max_steps: int, tolerance: float, move: Callable = _add,
+                  polish: bool = False, halvings: int = 10) -> NewtonResult:
+    r"""Damped Newton iterations θ ← θ + α·(−H + λI)⁻¹·g towards a mode.
+
+    Each iteration takes ``(step, sd, damped) =``
+    :func:`damped_newton_step`\ ``(curvature(θ, state), gradient(state))``; it has converged
+    when the step is not damped and every ``|step_j| ≤ tolerance·sd_j`` (with ``polish`` the
+    converging step is taken too); otherwise α = 1, ½, … is chosen by :func:`line_search`
+    with ``accept(old state, new state)``, and the loop stops (``stalled``) when none passes.
+
+    :param evaluate: θ → state (e.g. ``(log π, ∇ log π)``); called once per trial point.
+    :param gradient: state → g = ∇ log π (d,).
+    :param curvature: ``(θ, state)`` → −H, a (d, d) matrix or its diagonal (d,).
+    :param accept: ``(old state, new state)`` → whether a trial point is accepted.
+    :param int max_steps: at most this many Newton steps.
+    :param float tolerance: in units of the Laplace sds ``sd``.
+    :param move: ``(θ, α, step)`` → the trial point (default θ + α·step).
+    :return: a :class:`NewtonResult`.
+
+    **Example:** one step reaches the mode of a Gaussian, the second sees it has converged.
+
+    >>> A = np.array([[2.0, 0.5], [0.5, 1.0]])
+    >>> res = damped_newton(lambda x: -A @ (x - 1.0), np.zeros(2), gradient=lambda g: g,
+    ...                     curvature=lambda x, g: A, accept=lambda old, new: True,
+    ...                     max_steps=10, tolerance=1e-6)
+    >>> res.point.round(6).tolist(), res.converged, res.steps
+    ([1.0, 1.0], True, 2)
+    """
+    state = evaluate(point)
+    damped = False
+    for taken in range(1, max_steps + 1):
+        step, sd, damped = damped_newton_step(curvature(point, state), gradient(state))
+        if not damped and np.all(np.abs(step) <= tolerance * sd):
+            if polish:
+                point = move(point, 1.0, step)
+                state = evaluate(point)
+            return NewtonResult(point, state, True, taken, False, damped)
+        point, state, accepted = line_search(evaluate, accept, point, state, step, move, halvings)
+        if not accepted:
+            return NewtonResult(point, state, False, taken, True, damped)
+    return NewtonResult(point, state, False, max_steps, False, damped)
+
+
 def laplace_scales(score, init, num_steps: int = 50, tol: float = 1e-4) -> np.ndarray:
     r"""Laplace scales √diag((−H)⁻¹) at the mode of π, H = ∇² log π there.
 
@@ -77,11 +174,11 @@ def laplace_scales(score, init, num_steps: int = 50, tol: float = 1e-4) -> np.nd
 def laplace_approximation(score, init, num_steps: int = 50, tol: float = 1e-4):
     r"""Mode of π and Laplace scales √diag((−H)⁻¹) there, H = ∇² log π = ``jax.jacfwd(score)``.
 
-    The mode is found by damped Newton steps on the score started at ``init`` (e.g. the mean
+    The mode is found by :func:`damped_newton` on the score started at ``init`` (e.g. the mean
     of the draws): θ ← θ + α·(−H + λI)⁻¹·s(θ), λ = 0 while −H is positive definite (else just
     enough to make it so), α halved (up to 10 times) until ‖s‖ does not increase (an error
-    if no α does).  Converged
-    when every Newton step component is below ``tol`` times that coordinate's Laplace sd.
+    if no α does).  Converged when every Newton step component is below ``tol`` times that
+    coordinate's Laplace sd (that last step is taken too).
 
     :param score: function of one point (d,) returning ∇ log π there (JAX-differentiable).
     :param init: start point, shape (d,).
@@ -103,6 +200,30 @@ def laplace_approximation(score, init, num_steps: int = 50, tol: float = 1e-4):
     theta = np.asarray(init, dtype=np.float64)
     if theta.ndim != 1:
         raise ValueError(f"init must be a point of shape (d,), got shape {theta.shape}.")
+    res = damped_newton(
+        _score_and_hessian(score, theta.shape), theta, gradient=lambda gh: gh[0],
+        curvature=_finite_curvature, accept=_score_not_larger, max_steps=num_steps,
+        tolerance=tol, polish=True,
+    )
+    if not res.converged:
+        norm = np.linalg.norm(res.state[0])
+        if res.stalled:
+            why = ("; the Hessian there is not negative definite (log π has no mode near the start)"
+                   if res.damped else "")
+            raise ValueError(
+                f"laplace_scales: no damped Newton step reduced ‖score‖ = {norm:.3g} at "
+                f"θ = {res.point!r}{why}. Pass scales explicitly or use preconditioner='sd'."
+            )
+        raise ValueError(
+            f"laplace_scales: damped Newton did not converge in {num_steps} steps "
+            f"(last ‖score‖ = {norm:.3g}); pass scales explicitly or use "
+            "preconditioner='sd'."
+        )
+    return res.point, _scales_at_mode(-res.state[1])
+
+
+def _score_and_hessian(score, shape):
+    """θ → (s(θ), H(θ)) in float64, H symmetrised; an error if s does not keep θ's shape."""
     dtype = jnp.result_type(float)
     score_j = jax.jit(score)
     hess_j = jax.jit(jax.jacfwd(score))
@@ -111,49 +232,28 @@ def laplace_approximation(score, init, num_steps: int = 50, tol: float = 1e-4):
         tj = jnp.asarray(t, dtype=dtype)
         g = np.asarray(score_j(tj), dtype=np.float64)
         h = np.asarray(hess_j(tj), dtype=np.float64)
-        if g.shape != theta.shape or h.shape != theta.shape * 2:
+        if g.shape != shape or h.shape != shape * 2:
             raise ValueError(
-                f"score must map a point of shape {theta.shape} to the same shape; got {g.shape}."
+                f"score must map a point of shape {shape} to the same shape; got {g.shape}."
             )
         return g, 0.5 * (h + h.T)
 
-    g, h = grad_hess(theta)
-    for _ in range(num_steps):
-        if not (np.all(np.isfinite(g)) and np.all(np.isfinite(h))):
-            raise ValueError(f"laplace_scales: non-finite score or Hessian at θ = {theta!r}.")
-        step, sd, damped = damped_newton_step(-h, g)
-        concave = not damped
-        if concave and np.all(np.abs(step) <= tol * sd):
-            theta = theta + step
-            g, h = grad_hess(theta)
-            break
-        norm0 = np.linalg.norm(g)
-        alpha, accepted = 1.0, False
-        for _ in range(11):
-            g_new, h_new = grad_hess(theta + alpha * step)
-            if np.all(np.isfinite(g_new)) and np.linalg.norm(g_new) <= norm0 * (1 + 1e-6):
-                accepted = True
-                break
-            alpha *= 0.5
-        if not accepted:
-            why = (
-                "; the Hessian there is not negative definite (log π has no mode near the start)"
-                if not concave
-                else ""
-            )
-            raise ValueError(
-                f"laplace_scales: no damped Newton step reduced ‖score‖ = {norm0:.3g} at "
-                f"θ = {theta!r}{why}. Pass scales explicitly or use preconditioner='sd'."
-            )
-        theta = theta + alpha * step
-        g, h = g_new, h_new
-    else:
-        raise ValueError(
-            f"laplace_scales: damped Newton did not converge in {num_steps} steps "
-            f"(last ‖score‖ = {np.linalg.norm(g):.3g}); pass scales explicitly or use "
-            "preconditioner='sd'."
-        )
-    neg_h = -h
+    return grad_hess
+
+
+def _finite_curvature(theta, grad_hess):
+    g, h = grad_hess
+    if not (np.all(np.isfinite(g)) and np.all(np.isfinite(h))):
+        raise ValueError(f"laplace_scales: non-finite score or Hessian at θ = {theta!r}.")
+    return -h
+
+
+def _score_not_larger(old, new):
+    return bool(np.all(np.isfinite(new[0])) and np.linalg.norm(new[0]) <= np.linalg.norm(old[0]) * (1 + 1e-6))
+
+
+def _scales_at_mode(neg_h):
+    """√diag((−H)⁻¹) from −H at the mode; an error unless −H is positive definite."""
     try:
         chol = np.linalg.cholesky(neg_h)
     except np.linalg.LinAlgError:
@@ -168,4 +268,4 @@ def laplace_approximation(score, init, num_steps: int = 50, tol: float = 1e-4):
     scales = np.sqrt(np.sum(inv_chol**2, axis=0))  # diag((L Lᵀ)⁻¹) = column sums of (L⁻¹)²
     if not np.all(np.isfinite(scales) & (scales > 0)):
         raise ValueError(f"laplace_scales: non-positive or non-finite scales {scales!r}.")
-    return theta, scales
+    return scales

@@ -1,21 +1,19 @@
-"""Mini-batch machinery: the single home for subsample plates and gradient estimates.
+"""Mini-batch gradient estimates: the :class:`Minibatcher` of a model and its subsample plates.
 
-Everything the stochastic-gradient kernels need to know about a model's data lives here:
+:class:`Minibatcher` draws mini-batch indices inside ``jit`` in O(n) per iteration (with
+replacement, the default, or without replacement by walking a per-epoch permutation:
+:mod:`~numpyro_sg.infer.indices`) and evaluates the scaled mini-batch log density, its gradient —
+plain, or with control variates around an :class:`Anchor` — and the gradient-noise sd from
+per-datum gradients, or, at large n·d, from the spread of k group-mean gradients
+(:func:`noise_groups`: memory O(n + k·d)).  The plates themselves are found and checked in
+:mod:`~numpyro_sg.infer.plates`, the model is pointed at chosen rows by the handlers of
+:mod:`~numpyro_sg.infer.handlers`, and full-data densities live in
+:mod:`~numpyro_sg.infer.full_density`; their public names are re-exported here.
 
-* :func:`subsample_plates` validates the subsample plates found by the model trace
-  (:func:`numpyro_sg.infer.model_info.trace_model`) and the data in them; :func:`find_subsample_plates`
-  is the public one-call version;
-* :func:`with_indices` runs a model with chosen data indices in its plates (the N/n scale
-  follows the length of the index array actually used), :func:`full_data` with all of them;
-* :class:`Minibatcher` draws those indices inside ``jit`` in O(n) per iteration (with
-  replacement, the default, or without replacement by walking a per-epoch permutation) and
-  evaluates the scaled mini-batch log density, its gradient — plain, or with control variates
-  around an :class:`Anchor` — and the gradient-noise sd from per-datum gradients, or, at large
-  n·d, from the spread of k group-mean gradients (:func:`noise_groups`: memory O(n + k·d)).
-
-Conventions (SPEC §2): log π(θ) = log p(θ) + Σ_i log f(x_i | θ); the mini-batch estimator
+Conventions: log π(θ) = log p(θ) + Σ_i log f(x_i | θ); the mini-batch estimator
 ĝ(θ) = ∇ log p(θ) + (N/n) Σ_{i∈S} ∇ log f(x_i | θ) is the gradient of the model's log density
-traced with index set S.  The control-variate estimator (Baker et al. 2019) is
+traced with index set S.  The control-variate estimator (Baker, Fearnhead, Fox & Nemeth (2019),
+'Control variates for stochastic gradient MCMC') is
 ĝ_cv(θ) = ∇ log π(θ̂) + ĝ(θ) − ĝ(θ̂) with the same S, θ̂ the anchor and ∇ log π(θ̂) its
 full-data gradient.  The gradient-noise sd of coordinate j is the sd of the estimator,
 τ̂_j = (N/√n)·sd_{i∈S}(∂_j log f(x_i | θ)) (of the differences ∂_j log f(x_i|θ) − ∂_j log f(x_i|θ̂)
@@ -32,18 +30,26 @@ smooth τ̂ with an EMA over iterations (``noise_ema_weight``), which restores t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import potential_energy
-from numpyro.primitives import Messenger
 
-from numpyro_sg.infer.model_info import ModelInfo, plates_of, trace_model
+from numpyro_sg.infer import full_density
+from numpyro_sg.infer.handlers import full_data, mask_plate_rows, with_indices, without_plate_sites
+from numpyro_sg.infer.indices import BatchState, draw_with_replacement, draw_without_replacement
+from numpyro_sg.infer.jit_data import jit_with_data
+from numpyro_sg.infer.plates import (
+    SubsamplePlate,
+    check_data_finite,
+    discover_plates,
+    find_subsample_plates,
+    resolve_subsample_size,
+    subsample_plates,
+)
 
 __all__ = [
     "SubsamplePlate",
@@ -98,285 +104,6 @@ def noise_groups(n: int, d: int, groups: int | None = None) -> int:
     return n
 
 
-@dataclass(frozen=True)
-class SubsamplePlate:
-    """A subsample plate of a model.
-
-    ``size`` is the data size N, ``model_subsample_size`` the plate's own ``subsample_size``
-    and ``subsample_size`` the size n the kernels actually draw (the kernel's override, if any).
-    """
-
-    name: str
-    size: int
-    model_subsample_size: int
-    subsample_size: int
-
-    @property
-    def scale(self) -> float:
-        """The N/n factor applied to every site inside the plate."""
-        return self.size / self.subsample_size
-
-
-class with_indices(Messenger):
-    """Handler: run ``fn`` with the given data indices in its plates.
-
-    ``indices`` maps plate names to integer index arrays.  The plate's ``subsample_size`` is
-    set to the length of the array, so NumPyro scales every site in the plate by
-    N/len(indices) without a size-mismatch warning.
-
-    **Example:**
-
-    .. code-block:: python
-
-        with_indices(model, {"data": jnp.arange(10)})(X, y)   # the first 10 rows, scale N/10
-    """
-
-    def __init__(self, fn: Callable | None = None, indices: dict | None = None):
-        self.indices = dict(indices or {})
-        super().__init__(fn)
-
-    def process_message(self, msg):
-        if msg["type"] == "plate" and msg["name"] in self.indices:
-            idx = self.indices[msg["name"]]
-            msg["value"] = idx
-            msg["args"] = (msg["args"][0], int(jnp.shape(idx)[0]))
-
-
-class without_plate_sites(Messenger):
-    """Handler giving weight 0 to every sample site inside the named plates (the prior alone)."""
-
-    def __init__(self, fn=None, plate_names=()):
-        self.plate_names = set(plate_names)
-        super().__init__(fn)
-
-    def process_message(self, msg):
-        if msg["type"] == "sample" and self.plate_names.intersection(plates_of(msg)):
-            msg["scale"] = 0.0
-
-
-class mask_plate_rows(Messenger):
-    """Handler masking rows of a plate: ``mask`` (n,) multiplies the log-likelihood of every
-    sample site inside plate ``plate_name`` row by row (False drops the row)."""
-
-    def __init__(self, fn=None, plate_name=None, mask=None):
-        self.plate_name = plate_name
-        self.mask = mask
-        super().__init__(fn)
-
-    def process_message(self, msg):
-        if msg["type"] != "sample":
-            return
-        for frame in msg.get("cond_indep_stack", []):
-            if frame.name == self.plate_name:
-                mask = jnp.reshape(self.mask, jnp.shape(self.mask) + (1,) * (-frame.dim - 1))
-                msg["fn"] = msg["fn"].mask(mask)
-
-
-def full_data(model: Callable, plates) -> Callable:
-    """``model`` with every subsample plate in ``plates`` run over all of its data."""
-    return with_indices(model, {p.name: jnp.arange(p.size) for p in plates})
-
-
-# -------------------------------------------------------------------------------------------
-# plates: discovery and validation
-# -------------------------------------------------------------------------------------------
-def find_subsample_plates(model: Callable, model_args=(), model_kwargs=None) -> dict:
-    """Return ``{plate_name: (N, n)}`` for every plate of ``model`` that subsamples its data.
-
-    The model is traced once, with the first n indices in each subsample plate.  A plate
-    declared with ``subsample_size=N`` counts (it runs full-batch until a kernel's
-    ``subsample_size`` says otherwise); a plate without ``subsample_size`` does not.
-
-    **Example:**
-
-    .. code-block:: python
-
-        nsg.find_subsample_plates(model, (X, y))   # {'data': (100000, 1000)}
-    """
-    return dict(trace_model(model, model_args, model_kwargs).subsample_plates)
-
-
-def resolve_subsample_size(name, size, model_n, override):
-    """The mini-batch size n of plate ``name`` (N = ``size``): the kernel's ``override`` (an int
-    or ``{plate: n}``) or the plate's own ``model_n``; an error outside [1, N]."""
-    if override is None:
-        n = model_n
-    elif isinstance(override, dict):
-        n = override.get(name, model_n)
-    else:
-        n = override
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise TypeError(f"subsample_size for plate '{name}' must be an int, got {n!r}.")
-    n = int(n)
-    if n < 1 or n > size:
-        raise ValueError(
-            f"subsample_size={n} for plate '{name}' is outside [1, N] with N={size} "
-            f"(the plate's data size)."
-        )
-    return n
-
-
-def _first_bad_index(mask: np.ndarray):
-    bad = np.argwhere(~mask)
-    return tuple(int(i) for i in bad[0]) if len(bad) else None
-
-
-def _check_finite_array(value, where):
-    if isinstance(value, jax.core.Tracer) or not hasattr(value, "dtype"):
-        return
-    if not jnp.issubdtype(value.dtype, jnp.inexact):
-        return
-    mask = np.isfinite(np.asarray(value))
-    if not mask.all():
-        raise ValueError(
-            f"{where} contains non-finite values (NaN or inf), first at index "
-            f"{_first_bad_index(mask)}. Remove or impute them before sampling."
-        )
-
-
-def check_data_finite(info: ModelInfo, plates, model_args=(), model_kwargs=None):
-    """Raise if the data the kernels will subsample contains non-finite values.
-
-    Checks floating model arguments whose leading axis has a plate's size N (naming the
-    argument and the first bad index) and the full arrays passed to ``numpyro.subsample``
-    (recorded by the model trace, so observations picked with ``numpyro.subsample(y)`` are
-    checked over all N rows).
-    """
-    sizes = {p.size: p.name for p in plates}
-    named = [(f"positional argument {i}", a) for i, a in enumerate(model_args)]
-    named += [(f"keyword argument '{k}'", v) for k, v in (model_kwargs or {}).items()]
-    for label, arg in named:
-        for path, leaf in jax.tree_util.tree_flatten_with_path(arg)[0]:
-            if jnp.ndim(leaf) == 0 or jnp.shape(leaf)[0] not in sizes:
-                continue
-            where = label + (jax.tree_util.keystr(path) if path else "")
-            _check_finite_array(
-                leaf, f"Model {where} (data of plate '{sizes[jnp.shape(leaf)[0]]}', shape "
-                f"{tuple(jnp.shape(leaf))})",
-            )
-    for k, value in enumerate(info.subsample_data):
-        _check_finite_array(value, f"The data passed to numpyro.subsample call {k} (shape "
-                            f"{tuple(jnp.shape(value))})")
-
-
-def subsample_plates(info: ModelInfo, subsample_size=None, *, check_data=True, model_args=(),
-                     model_kwargs=None) -> tuple:
-    """Validate the subsample plates of a traced model; return a tuple of :class:`SubsamplePlate`.
-
-    Raises a clear error when the model has no subsample plate, when ``subsample_size`` (an
-    int, or ``{plate: n}``) is out of range or names an unknown plate, when a latent site sits
-    inside a subsample plate, or (``check_data``) when the data are not finite.
-    """
-    found = info.subsample_plates
-    if not found:
-        plain = info.plate_names
-        raise ValueError(
-            "The model has no subsample plate"
-            + (f" (its plates {plain} have no subsample_size)" if plain else "")
-            + ". Put the likelihood inside "
-            "`with numpyro.plate('data', N, subsample_size=n):` and pick the mini-batch with "
-            "`numpyro.subsample(X, event_dim=...)`; the kernels then draw their own indices."
-        )
-    if isinstance(subsample_size, dict):
-        unknown = set(subsample_size) - set(found)
-        if unknown:
-            raise ValueError(
-                f"subsample_size names unknown plate(s) {sorted(unknown)}; the model's "
-                f"subsample plates are {sorted(found)}."
-            )
-    elif subsample_size is not None and len(found) > 1:
-        raise ValueError(
-            f"The model has several subsample plates {sorted(found)}: pass subsample_size as a "
-            "dict {plate_name: size}."
-        )
-    plates = tuple(
-        SubsamplePlate(name, size, n, resolve_subsample_size(name, size, n, subsample_size))
-        for name, (size, n) in found.items()
-    )
-    inside = info.latent_in(found)
-    if inside:
-        name, plate = inside[0]
-        raise ValueError(
-            f"Latent site '{name}' is inside subsample plate '{plate}'. "
-            "Local (per-datum) latent variables are not supported by the "
-            "stochastic-gradient kernels: marginalise them out or move the site out "
-            "of the plate."
-        )
-    if check_data:
-        check_data_finite(info, plates, model_args, model_kwargs)
-    return plates
-
-
-def discover_plates(model, model_args, model_kwargs, subsample_size=None, check_data=True):
-    """:func:`subsample_plates` of a model traced here (one trace)."""
-    info = trace_model(model, model_args, model_kwargs)
-    return subsample_plates(info, subsample_size, check_data=check_data, model_args=model_args,
-                            model_kwargs=model_kwargs)
-
-
-def jit_with_data(fn, model_args, model_kwargs):
-    """``jax.jit`` of ``fn(*args, model_args, model_kwargs)`` with the data as arguments.
-
-    Array leaves of the model arguments (the data) are passed to the compiled program as
-    arguments rather than baked into it as constants (which is slow to compile for large
-    data, SPEC §11); other leaves stay static.  Returns ``g(*args) = fn(*args, model_args,
-    model_kwargs)``.
-    """
-    leaves, treedef = jax.tree.flatten((model_args, model_kwargs))
-    dynamic = [isinstance(x, (np.ndarray, jax.Array)) and np.ndim(x) > 0 for x in leaves]
-    arrays = [x for x, d in zip(leaves, dynamic) if d]
-
-    @jax.jit
-    def compiled(args, arrays):
-        it = iter(arrays)
-        args_, kwargs_ = jax.tree.unflatten(treedef, [next(it) if d else x for x, d in zip(leaves, dynamic)])
-        return fn(*args, args_, kwargs_)
-
-    return lambda *args: compiled(args, arrays)
-
-
-# -------------------------------------------------------------------------------------------
-# index drawing
-# -------------------------------------------------------------------------------------------
-class BatchState(NamedTuple):
-    """Per-plate state for drawing without replacement: an epoch permutation and a position."""
-
-    perm: Any
-    pos: Any
-
-
-def draw_with_replacement(key, size: int, n: int):
-    """n indices uniform on {0..N−1}, with replacement: O(n).
-
-    For N > 2¹⁶ this draws one set of 32 random bits per index and reduces it modulo N — the
-    same indices ``random.randint`` returns, without the second set of bits that ``randint``
-    draws and then multiplies by a constant that is 0 for such N (XLA does not always remove
-    that dead work, and drawing the bits is about half the cost of a cheap SG step).
-    """
-    if size <= 2**16:
-        return random.randint(key, (n,), 0, size, dtype=jnp.int32)
-    _, key_bits = random.split(key)
-    return (random.bits(key_bits, (n,), jnp.uint32) % jnp.uint32(size)).astype(jnp.int32)
-
-
-def draw_without_replacement(key, batch: BatchState, n: int):
-    """Next n indices of the current epoch's permutation; reshuffle when fewer than n are left.
-
-    O(n) per draw, plus an O(N) permutation once per epoch (amortised O(n)).
-    """
-    size = batch.perm.shape[0]
-
-    def reshuffle(_):
-        return BatchState(random.permutation(key, size).astype(jnp.int32), jnp.int32(0))
-
-    batch = jax.lax.cond(batch.pos + n > size, reshuffle, lambda b: b, batch)
-    idx = jax.lax.dynamic_slice(batch.perm, (batch.pos,), (n,))
-    return idx, BatchState(batch.perm, batch.pos + n)
-
-
-# -------------------------------------------------------------------------------------------
-# gradient estimates
-# -------------------------------------------------------------------------------------------
 class Anchor(NamedTuple):
     """The control-variate anchor: a point θ̂ (flat) and the full-data gradient ∇ log π(θ̂)."""
 
@@ -565,122 +292,32 @@ class Minibatcher:
 
         return jit_with_data(estimate_all, model_args, model_kwargs)
 
+    # -- full-data densities (:mod:`~numpyro_sg.infer.full_density`) -----------------------
     def prior_log_density_fn(self, model_args=(), model_kwargs=None) -> Callable:
         """``params -> log p(θ)`` (+ log-Jacobian): the model with every site inside the
-        subsample plates given weight 0 (the plates run on one datum)."""
-        model_kwargs = model_kwargs or {}
-        names = {p.name for p in self.plates}
-        one = {p.name: jnp.arange(1, dtype=jnp.int32) for p in self.plates}
-
-        def prior_log_density(params):
-            return -potential_energy(without_plate_sites(with_indices(self.model, one), names),
-                                     model_args, model_kwargs, params)
-
-        return prior_log_density
+        subsample plates given weight 0
+        (:func:`~numpyro_sg.infer.full_density.prior_log_density_fn`)."""
+        return full_density.prior_log_density_fn(self.model, self.plates, model_args, model_kwargs)
 
     def fisher_diagonal(self, log_density, prior_log_density, x, indices, group_size: int = 8,
                         block: int = 64):
-        """Diagonal of the (centred) Fisher information N·Var_i(∇ log f(x_i | θ)) of the
-        likelihood at the flat point ``x``, from the rows ``indices`` (one plate).
-
-        The rows are split into G groups of c = ``group_size``; each group's gradient gives
-        its likelihood sum L_g = (c/N)·(ĝ_g − ∇ log p) and Var_g(L_g) = c·Var_i(∇ log f_i)
-        (rows drawn at random: cross terms between two rows of a group average out in the
-        centred variance), so the estimate is N·Var_g(L_g)/c per coordinate.  Unlike a
-        Hutchinson estimate of diag(H) it has no cross-coordinate noise (a coordinate's
-        estimate involves only the rows that touch it), so it stays positive and accurate
-        for coupled coordinates (matrix factorisation).  Groups are visited ``block`` at a
-        time in a ``lax.scan``: memory O(block·d), never O(N·d).  G is rounded down to a
-        multiple of ``block`` (all rows when there are fewer than c·block of them).
-
-        ``log_density(x, indices)`` and ``prior_log_density(x)`` take the flat point.
-        """
+        """Diagonal of the likelihood's Fisher information N·Var_i(∇ log f(x_i | θ)) at the
+        flat point ``x`` from the rows ``indices`` of the (single) plate, by group gradients
+        (:func:`~numpyro_sg.infer.full_density.fisher_diagonal`)."""
         (plate,) = self.plates
-        N = plate.size
-        idx = indices[plate.name]
-        c = int(max(1, min(group_size, idx.shape[0] // 2)))
-        G = idx.shape[0] // c
-        B = int(min(block, G))
-        nb = G // B
-        groups = idx[: nb * B * c].reshape(nb, B, c)
-        g_prior = jax.grad(prior_log_density)(x)
-
-        def body(carry, blk):
-            s1, s2 = carry
-            g = jax.vmap(lambda i: jax.grad(log_density)(x, {plate.name: i}))(blk)
-            L = (g - g_prior) * (c / N)
-            return (s1 + L.sum(0), s2 + (L**2).sum(0)), None
-
-        zeros = jnp.zeros_like(x)
-        (s1, s2), _ = jax.lax.scan(body, (zeros, zeros), groups)
-        n_groups = nb * B
-        var = (s2 - s1**2 / n_groups) / max(n_groups - 1, 1)
-        return N * jnp.maximum(var, 0.0) / c
+        return full_density.fisher_diagonal(plate, log_density, prior_log_density, x, indices,
+                                            group_size, block)
 
     def full_value_and_grad_fn(self, unravel, model_args=(), model_kwargs=None,
                                chunk_size: int = 65536) -> Callable:
-        """``x -> (log π(x), ∇ log π(x))`` over all the data, for a flat point x.
-
-        With one subsample plate the data are visited in chunks of ``chunk_size`` rows inside
-        a ``lax.scan`` (memory O(chunk·d), never O(N·d)); the last chunk is padded and its
-        padding masked out.  The prior is evaluated once, as an extra chunk with every row
-        masked, and Σ_chunks (C/N)·(chunk log density − prior) + prior is the exact full-data
-        log density.  With several plates all data are used at once.
-        """
-        model_kwargs = model_kwargs or {}
-        if len(self.plates) != 1:
-            log_density = self.log_density_fn(model_args, model_kwargs)
-            full = self.full_indices()
-            return jax.value_and_grad(lambda x: log_density(unravel(x), full))
-        (plate,) = self.plates
-        N = plate.size
-        C = int(min(chunk_size, N))
-        K = -(-N // C)
-        starts = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.arange(K, dtype=jnp.int32) * C])
-        include = jnp.arange(K + 1) > 0  # chunk 0: the prior alone (every row masked)
-
-        def chunk_log_density(x, start, inc):
-            idx = start + jnp.arange(C, dtype=jnp.int32)
-            mask = (idx < N) & inc
-            model = mask_plate_rows(with_indices(self.model, {plate.name: jnp.minimum(idx, N - 1)}),
-                                    plate.name, mask)
-            return -potential_energy(model, model_args, model_kwargs, unravel(x))
-
-        def value_and_grad(x):
-            def body(_, chunk):
-                return None, jax.value_and_grad(chunk_log_density)(x, *chunk)
-
-            _, (values, grads) = jax.lax.scan(body, None, (starts, include))
-            value = values[0] + (C / N) * jnp.sum(values[1:] - values[0])
-            grad = grads[0] + (C / N) * jnp.sum(grads[1:] - grads[0], axis=0)
-            return value, grad
-
-        return value_and_grad
+        """``x -> (log π(x), ∇ log π(x))`` over all the data, for a flat point x, in chunks of
+        ``chunk_size`` rows (:func:`~numpyro_sg.infer.full_density.full_value_and_grad_fn`)."""
+        return full_density.full_value_and_grad_fn(self.model, self.plates, unravel, model_args,
+                                                   model_kwargs, chunk_size)
 
     def per_datum_loglik_grads(self, params, indices, model_args=(), model_kwargs=None):
-        """Gradients ∇_θ log f(x_i | θ) of each datum's log-likelihood, shape (n, …) per site.
-
-        O(n·d): the per-datum model gradient g_i = ∇ log p(θ) + N ∇ log f(x_i|θ) is computed by
-        ``vmap`` over one-datum index sets, and the prior part removed.
-        """
-        model_kwargs = model_kwargs or {}
-        log_density = self.log_density_fn(model_args, model_kwargs)
+        """Gradients ∇_θ log f(x_i | θ) of each datum's log-likelihood, shape (n, …) per site
+        (one plate; :func:`~numpyro_sg.infer.full_density.per_datum_loglik_grads`)."""
         (plate,) = self.plates
-        idx = indices[plate.name]
-        names = {plate.name}
-
-        def log_prior(p):  # the same density with every site inside the plate given weight 0
-            return -potential_energy(
-                without_plate_sites(with_indices(self.model, {plate.name: idx[:1]}), names),
-                model_args,
-                model_kwargs,
-                p,
-            )
-
-        g_prior = jax.grad(log_prior)(params)
-
-        def one(i):
-            return jax.grad(log_density)(params, {plate.name: i[None]})
-
-        g = jax.vmap(one)(idx)
-        return jax.tree.map(lambda gi, gp: (gi - gp) / plate.size, g, g_prior)
+        return full_density.per_datum_loglik_grads(self.model, plate, params, indices, model_args,
+                                                   model_kwargs)

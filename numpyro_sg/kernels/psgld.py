@@ -56,6 +56,7 @@ from numpyro_sg.kernels.base import check_positive
 from numpyro_sg.kernels.gradient import GradientKernel, gradient_state
 from numpyro_sg.kernels.moves import ema, langevin_move, langevin_noise_variance
 from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
+from numpyro_sg.infer.curvature import hutchinson_diagonal
 from numpyro_sg.infer.preconditioner import from_working, to_working
 
 __all__ = [
@@ -95,12 +96,6 @@ def rmsprop_correction(grad, curvature, rms, alpha, damping):
     safe = jnp.where(root > 0, root, 1.0)
     gamma = -(1.0 - alpha) * grad * curvature / (safe * (damping + safe) ** 2)
     return jnp.where(root > 0, gamma, 0.0)
-
-
-def hutchinson_diagonal(hvp, probe):
-    """r ⊙ (A·r): with r a Rademacher vector, an unbiased estimate of diag(A) (its variance
-    for coordinate j is Σ_{k≠j} A_jk²).  ``hvp(v)`` returns A·v."""
-    return probe * hvp(probe)
 
 
 def psgld_update(grad, rms, step_size, noise, *, alpha, damping, temperature=1.0,

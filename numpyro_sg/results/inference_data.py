@@ -1,9 +1,26 @@
-"""ArviZ output: :func:`to_inference_data` (with KSD) and :func:`summary`.
+"""ArviZ output: :func:`to_inference_data`, with the KSD attached.
 
 ``az.from_numpyro`` on a subsample model stores a random mini-batch as ``observed_data`` and
 cannot build the ``log_likelihood`` group.  :func:`to_inference_data` converts through a view of
 the run whose model has every subsample plate switched to its full data, and adds the kernel
-Stein discrepancy of the run (full-data scores) to ``sample_stats``.
+Stein discrepancy of the run (full-data scores) to ``sample_stats``.  Its groups:
+
+* ``posterior``: constrained values; discrete indicator sites as integers.
+* ``sample_stats``: the collected extra fields (``diverging``, ``step_size``,
+  ``grad_noise_sd``, …; per-coordinate fields on a ``coordinate`` dim named after the
+  unconstrained coordinates) and, with ``ksd=True``, ``ksd`` per chain (dims ``chain``).
+  ``sample_stats.attrs`` hold the pooled KSD (``ksd``), the ``ksd_preconditioner``, its
+  ``ksd_scales``, the kernel settings (``ksd_c``, ``ksd_beta``, ``ksd_statistic``),
+  ``ksd_draws_per_chain`` and ``ksd_seconds`` (the time the scores and KSD took).
+* ``stein``: the scored draws (``unconstrained`` and ``score``, dims
+  ``(chain, draw, coordinate)``) and ``ksd_per_coordinate``, so that :func:`numpyro_sg.ksd`,
+  :func:`numpyro_sg.posterior_summary` and :func:`numpyro_sg.compare_to_reference` recompute
+  KSD with another preconditioner without the model.
+* ``observed_data`` (and, with ``log_likelihood=True``, ``log_likelihood``, so that
+  ``az.loo`` works) over the full data, not a mini-batch.
+
+The posterior summary with its per-coordinate KSD column is
+:func:`numpyro_sg.results.summary.posterior_summary`.
 """
 
 from __future__ import annotations
@@ -15,7 +32,6 @@ from types import SimpleNamespace
 import arviz as az
 import jax
 import numpy as np
-import pandas as pd
 import xarray as xr
 from numpyro import handlers
 
@@ -28,10 +44,9 @@ from numpyro_sg.diagnostics.model_scores import (
     run_model,
     run_samples,
     stein_dataset,
-    stein_of,
 )
 
-__all__ = ["to_inference_data", "summary", "attach_ksd", "cast_discrete", "preconditioner_name"]
+__all__ = ["to_inference_data", "attach_ksd", "cast_discrete", "preconditioner_name"]
 
 _KSD_OPTIONS = ("c", "beta", "statistic", "block_size")
 
@@ -111,42 +126,18 @@ def _name_coordinate_dims(idata, coordinate_names):
         idata.sample_stats = stats.assign_coords(coordinate=coordinate_names)
 
 
-def to_inference_data(
-    mcmc,
-    log_likelihood: bool = False,
-    ksd: bool = True,
-    *,
-    ksd_draws: int | None = 1000,
-    preconditioner="sd",
-    ksd_options: dict | None = None,
-    log_likelihood_limit_gb: float | None = 1.0,
-    sampling_time: float | None = None,
-    model=None,
-    model_args=None,
-    model_kwargs=None,
-    **kwargs,
-) -> az.InferenceData:
+def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
+                      ksd_draws: int | None = 1000, preconditioner="sd", ksd_options: dict | None = None,
+                      log_likelihood_limit_gb: float | None = 1.0, sampling_time: float | None = None,
+                      model=None, model_args=None, model_kwargs=None, **kwargs) -> az.InferenceData:
     """``arviz.InferenceData`` of an MCMC run, with full-data observations and KSD.
 
-    Works for the ``numpyro_sg`` kernels and for any NumPyro kernel (NUTS too).
-
-    * ``posterior``: constrained values; discrete indicator sites as integers.
-    * ``sample_stats``: the collected extra fields (``diverging``, ``step_size``,
-      ``grad_noise_sd``, …; per-coordinate fields on a ``coordinate`` dim named after the
-      unconstrained coordinates) and, with ``ksd=True``, ``ksd`` per chain (dims ``chain``).
-      ``sample_stats.attrs`` hold the pooled KSD (``ksd``), the ``ksd_preconditioner``, its
-      ``ksd_scales``, the kernel settings (``ksd_c``, ``ksd_beta``, ``ksd_statistic``),
-      ``ksd_draws_per_chain`` and ``ksd_seconds`` (the time the scores and KSD took).
-    * ``stein``: the scored draws (``unconstrained`` and ``score``, dims
-      ``(chain, draw, coordinate)``) and ``ksd_per_coordinate``, so that
-      :func:`numpyro_sg.ksd`, :func:`numpyro_sg.summary` and :func:`numpyro_sg.compare`
-      recompute KSD with another preconditioner without the model.
-    * ``observed_data`` (and, with ``log_likelihood=True``, ``log_likelihood``, so that
-      ``az.loo`` works) over the full data, not a mini-batch.
-
-    KSD uses full-data scores on the unconstrained space at ``ksd_draws`` evenly thinned draws
-    per chain (default 1,000; ``None`` for all), so conversion stays quick when scores are
-    costly. The per-chain values use the pooled scale so they are comparable.
+    Works for the ``numpyro_sg`` kernels and for any NumPyro kernel (NUTS too).  The groups
+    (``posterior``, ``sample_stats`` with the KSD, ``stein``, ``observed_data``, optionally
+    ``log_likelihood``) are described in :mod:`numpyro_sg.results.inference_data`.  KSD uses
+    full-data scores on the unconstrained space at ``ksd_draws`` evenly thinned draws per chain
+    (default 1,000; ``None`` for all), so conversion stays quick when scores are costly; the
+    per-chain values use the pooled scale so they are comparable.
 
     :param mcmc: a ``numpyro.infer.MCMC`` object after ``run``.
     :param bool log_likelihood: add the full-data pointwise ``log_likelihood`` group.
@@ -159,30 +150,53 @@ def to_inference_data(
         size (``None``: no limit).
     :param sampling_time: wall time of ``mcmc.run`` in seconds, stored as
         ``posterior.attrs["sampling_time"]`` (ArviZ's convention) and used for ESS per second
-        by :func:`numpyro_sg.compare`.
+        by :func:`numpyro_sg.compare_to_reference`.
     :param model, model_args, model_kwargs: override the model and data the run used.
     :param kwargs: passed to :func:`arviz.from_numpyro` (``coords``, ``dims``, …).
 
     **Example:**
 
-    >>> import numpy as np
-    >>> import numpyro
-    >>> import numpyro.distributions as dist
+    >>> import numpy as np, numpyro, numpyro.distributions as dist
     >>> from jax import random
     >>> from numpyro.infer import MCMC, NUTS
     >>> import numpyro_sg as nsg
     >>> def model(y):
     ...     mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
     ...     numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
-    >>> y = np.random.default_rng(0).normal(1.0, 1.0, size=100)
     >>> mcmc = MCMC(NUTS(model), num_warmup=200, num_samples=200, progress_bar=False)
-    >>> mcmc.run(random.PRNGKey(0), y)
+    >>> mcmc.run(random.PRNGKey(0), np.random.default_rng(0).normal(1.0, 1.0, size=100))
     >>> idata = nsg.to_inference_data(mcmc)
     >>> sorted(idata.groups())
     ['observed_data', 'posterior', 'sample_stats', 'stein']
     >>> idata.sample_stats.attrs["ksd_preconditioner"], idata.sample_stats["ksd"].dims
     ('sd', ('chain',))
     """
+    ksd_options = _checked_ksd_options(mcmc, ksd_options)
+    model, model_args, model_kwargs = run_model(mcmc, model, model_args, model_kwargs)
+    idata = _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood,
+                             log_likelihood_limit_gb, kwargs)
+    if sampling_time is not None:
+        idata.posterior.attrs["sampling_time"] = float(sampling_time)
+    scores = ModelScores(model, model_args, model_kwargs)
+    cast_discrete(idata, scores.discrete_sites)
+    if "sample_stats" in idata.groups():
+        _name_coordinate_dims(idata, scores.coordinate_names)
+    if ksd:
+        _attach_run_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options)
+    return idata
+
+
+def _attach_run_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options):
+    """Score the run's draws and :func:`attach_ksd`, recording the time it took."""
+    start = time.perf_counter()
+    stein = stein_dataset(run_samples(mcmc), scores, ksd_draws)
+    scales = resolve_run_scales(preconditioner, stein, scores)
+    attach_ksd(idata, stein, scales, preconditioner, ksd_options)
+    idata.sample_stats.attrs["ksd_seconds"] = time.perf_counter() - start
+
+
+def _checked_ksd_options(mcmc, ksd_options) -> dict:
+    """``ksd_options`` as a dict, after checking that ``mcmc`` is a finished MCMC run."""
     if not hasattr(mcmc, "get_samples") or not hasattr(mcmc, "sampler"):
         raise TypeError(
             f"to_inference_data expects a numpyro.infer.MCMC object, got {type(mcmc).__name__}."
@@ -193,30 +207,18 @@ def to_inference_data(
     unknown = set(ksd_options) - set(_KSD_OPTIONS)
     if unknown:
         raise TypeError(f"unknown ksd_options {sorted(unknown)}; allowed: {list(_KSD_OPTIONS)}.")
-    model, model_args, model_kwargs = run_model(mcmc, model, model_args, model_kwargs)
+    return ksd_options
+
+
+def _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood, limit_gb, kwargs):
+    """``az.from_numpyro`` of the run seen through its model on the full data."""
     full_model = full_data_model(model, model_args, model_kwargs)
     if log_likelihood:
         num_samples = next(iter(mcmc.get_samples().values())).shape[0]  # chains × draws
-        _check_log_likelihood_size(
-            num_samples, full_model, model_args, model_kwargs, log_likelihood_limit_gb
-        )
+        _check_log_likelihood_size(num_samples, full_model, model_args, model_kwargs, limit_gb)
     view = _FullDataView(mcmc, full_model)
     view._args, view._kwargs = model_args, model_kwargs
-    idata = az.from_numpyro(view, log_likelihood=log_likelihood, **kwargs)
-    if sampling_time is not None:
-        idata.posterior.attrs["sampling_time"] = float(sampling_time)
-
-    scores = ModelScores(model, model_args, model_kwargs)
-    cast_discrete(idata, scores.discrete_sites)
-    if "sample_stats" in idata.groups():
-        _name_coordinate_dims(idata, scores.coordinate_names)
-    if ksd:
-        start = time.perf_counter()
-        stein = stein_dataset(run_samples(mcmc), scores, ksd_draws)
-        scales = resolve_run_scales(preconditioner, stein, scores)
-        attach_ksd(idata, stein, scales, preconditioner, ksd_options)
-        idata.sample_stats.attrs["ksd_seconds"] = time.perf_counter() - start
-    return idata
+    return az.from_numpyro(view, log_likelihood=log_likelihood, **kwargs)
 
 
 def preconditioner_name(preconditioner) -> str:
@@ -292,87 +294,3 @@ def attach_ksd(idata, stein, scales, preconditioner, options):
     if STEIN_GROUP in idata.groups():
         del idata[STEIN_GROUP]
     idata.add_groups({STEIN_GROUP: stein}, warn_on_custom_groups=False)
-
-
-def _indicator_vars(idata) -> list[str]:
-    """Posterior variables whose values are all 0/1 integers (model indicators)."""
-    out = []
-    for name, var in idata.posterior.data_vars.items():
-        if np.issubdtype(var.dtype, np.integer) or np.issubdtype(var.dtype, np.bool_):
-            vals = np.unique(var.values)
-            if np.all(np.isin(vals, (0, 1))):
-                out.append(name)
-    return out
-
-
-def summary(
-    idata,
-    *,
-    preconditioner="stored",
-    model=None,
-    model_args=None,
-    model_kwargs=None,
-    **kwargs,
-) -> pd.DataFrame:
-    """``az.summary`` of the posterior plus a per-coordinate ``ksd`` column and, for indicator
-    sites, an ``inclusion_prob`` column.
-
-    ``ksd`` is paper 000's per-coordinate KSD term √(V_j) of each unconstrained coordinate
-    (their sum is the per-coordinate KSD), shown on the row of the matching posterior entry
-    (``theta[3]``; a positive site's row shows the KSD of its log). Rows with no matching
-    coordinate (deterministic sites, indicators, sites whose unconstrained shape differs, such
-    as a simplex) show NaN. ``inclusion_prob`` is the posterior mean of each 0/1 indicator
-    (the marginal inclusion probability).
-
-    :param idata: an ``InferenceData`` from :func:`to_inference_data` (its ``stein`` group is
-        used), or any ``InferenceData``/``MCMC`` together with ``model=`` and its arguments.
-    :param preconditioner: ``"stored"`` (default: the per-coordinate KSD stored by
-        :func:`to_inference_data`, i.e. with the preconditioner it was made with; ``"sd"``
-        when there is none), or recompute the column with ``"sd"``, ``"laplace"`` (needs the
-        model), an array of scales or ``None`` (the papers' raw form), as in
-        :func:`numpyro_sg.ksd`.
-    :param kwargs: passed to :func:`arviz.summary` (``var_names``, ``hdi_prob``, …).
-
-    **Example:** draws of any origin, scored with the model; the third coordinate of these
-    draws is off by 1 (about ten posterior sds), and its ``ksd`` term is the largest.
-
-    >>> import arviz as az
-    >>> import numpy as np
-    >>> import numpyro_sg as nsg
-    >>> from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
-    >>> X, y, theta = simulate_logistic_regression(num_data=500, dim=3)
-    >>> noise = 0.1 * np.random.default_rng(0).normal(size=(2, 200, 3))
-    >>> idata = az.from_dict(posterior={"theta": theta + [0.0, 0.0, 1.0] + noise})
-    >>> table = nsg.summary(idata, model=logistic_regression_model, model_args=(X, y))
-    >>> table["ksd"].idxmax()
-    'theta[2]'
-    """
-    stored = isinstance(preconditioner, str) and preconditioner == "stored"
-    if hasattr(idata, "get_samples"):  # an MCMC object
-        idata = to_inference_data(
-            idata, model=model, model_args=model_args, model_kwargs=model_kwargs,
-            preconditioner="sd" if stored else preconditioner,
-        )
-    table = az.summary(idata, **kwargs)
-    has_stein = STEIN_GROUP in idata.groups()
-    if has_stein or model is not None:
-        stein, scores = stein_of(idata, model, model_args, model_kwargs, None)
-        if stored and "ksd_per_coordinate" in stein:
-            per_coord = np.asarray(stein["ksd_per_coordinate"].values)
-        else:
-            precond = "sd" if stored else preconditioner
-            scales = resolve_run_scales(precond, stein, scores)
-            per_coord = np.asarray(ksd_of_stein(stein, scales, per_coordinate=True))
-        names = [str(n) for n in stein["coordinate"].values]
-        table["ksd"] = pd.Series(dict(zip(names, per_coord))).reindex(table.index)
-    indicators = _indicator_vars(idata)
-    if indicators:
-        probs = {}
-        for name in indicators:
-            mean = idata.posterior[name].mean(("chain", "draw")).values
-            if mean.ndim == 0:
-                probs[name] = float(mean)
-            for idx in np.ndindex(*mean.shape) if mean.ndim else ():
-                probs[f"{name}[{', '.join(str(i) for i in idx)}]"] = float(mean[idx])
-        table["inclusion_prob"] = pd.Series(probs).reindex(table.index)
-    return table

@@ -1,7 +1,8 @@
-r"""NUTS ground truth and comparison of a run with it (SPEC §9).
+r"""NUTS ground truth and comparison of a run with it.
 
 :func:`nuts_reference` runs NumPyro's NUTS on the full data (every subsample plate switched
-to ``arange(N)``), optionally caching the result on disk; :func:`compare` reports how far a
+to ``arange(N)``), optionally caching the result on disk; :func:`compare_to_reference` reports
+how far a
 stochastic-gradient run is from a reference, per coordinate and overall through
 
 .. math:: \xi(\hat\sigma) = \lVert \hat\sigma - \sigma_{\mathrm{ref}} \rVert_2 /
@@ -38,7 +39,7 @@ from numpyro_sg.diagnostics.model_scores import (
 )
 from numpyro_sg.version import __version__ as numpyro_sg_version
 
-__all__ = ["nuts_reference", "compare", "plot_compare"]
+__all__ = ["nuts_reference", "compare_to_reference", "plot_reference_comparison"]
 
 
 # -- NUTS reference -------------------------------------------------------------------------
@@ -73,20 +74,11 @@ def _cache_key(model, model_args, model_kwargs, settings: dict) -> str:
     return h.hexdigest()[:24]
 
 
-def nuts_reference(
-    model: Callable,
-    *model_args,
-    model_kwargs: dict | None = None,
-    num_warmup: int = 1000,
-    num_samples: int = 1000,
-    num_chains: int = 1,
-    cache_dir: str | os.PathLike | None = None,
-    rng_key=None,
-    chain_method: str = "sequential",
-    progress_bar: bool = True,
-    ksd_draws: int | None = 1000,
-    **nuts_kwargs,
-) -> az.InferenceData:
+def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = None,
+                   num_warmup: int = 1000, num_samples: int = 1000, num_chains: int = 1,
+                   cache_dir: str | os.PathLike | None = None, rng_key=None,
+                   chain_method: str = "sequential", progress_bar: bool = True,
+                   ksd_draws: int | None = 1000, **nuts_kwargs) -> az.InferenceData:
     """NUTS on the full data: the ground truth a stochastic-gradient run is compared with.
 
     Every subsample plate of ``model`` is switched to its full size (the exact log density),
@@ -116,16 +108,9 @@ def nuts_reference(
     """
     model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
     rng_key = jax.random.PRNGKey(0) if rng_key is None else rng_key
-    settings = dict(
-        num_warmup=num_warmup,
-        num_samples=num_samples,
-        num_chains=num_chains,
-        rng_key=np.asarray(jax.random.key_data(rng_key)).tolist()
-        if jax.dtypes.issubdtype(rng_key.dtype, jax.dtypes.prng_key)
-        else np.asarray(rng_key).tolist(),
-        ksd_draws=ksd_draws,
-        nuts=sorted((k, repr(v)) for k, v in nuts_kwargs.items()),
-    )
+    settings = dict(num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
+                    rng_key=_key_list(rng_key), ksd_draws=ksd_draws,
+                    nuts=sorted((k, repr(v)) for k, v in nuts_kwargs.items()))
     path = None
     if cache_dir is not None:
         key = _cache_key(model, model_args, model_kwargs, settings)
@@ -134,35 +119,41 @@ def nuts_reference(
             idata = az.from_netcdf(path)
             idata.posterior.attrs["cache_file"] = str(path)
             return idata
-    full_model = full_data_model(model, model_args, model_kwargs)
-    mcmc = MCMC(
-        NUTS(full_model, **nuts_kwargs),
-        num_warmup=num_warmup,
-        num_samples=num_samples,
-        num_chains=num_chains,
-        chain_method=chain_method,
-        progress_bar=progress_bar,
-    )
+    mcmc = MCMC(NUTS(full_data_model(model, model_args, model_kwargs), **nuts_kwargs),
+                num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
+                chain_method=chain_method, progress_bar=progress_bar)
+    idata = _timed_run(mcmc, rng_key, model, model_args, model_kwargs, ksd_draws)
+    if path is not None:
+        _save(idata, path)
+    return idata
+
+
+def _key_list(rng_key) -> list:
+    """The PRNG key's data as a list (new-style typed keys and raw uint32 keys alike)."""
+    if jax.dtypes.issubdtype(rng_key.dtype, jax.dtypes.prng_key):
+        return np.asarray(jax.random.key_data(rng_key)).tolist()
+    return np.asarray(rng_key).tolist()
+
+
+def _timed_run(mcmc, rng_key, model, model_args, model_kwargs, ksd_draws) -> az.InferenceData:
+    """Run the NUTS ``mcmc`` and convert it, with its wall time as ``sampling_time``."""
     start = time.perf_counter()
     mcmc.run(rng_key, *model_args, extra_fields=("diverging",), **model_kwargs)
     jax.block_until_ready(mcmc.get_samples())
     elapsed = time.perf_counter() - start
-    idata = to_inference_data(
-        mcmc,
-        sampling_time=elapsed,
-        ksd_draws=ksd_draws,
-        model=model,
-        model_args=model_args,
-        model_kwargs=model_kwargs,
-    )
+    idata = to_inference_data(mcmc, sampling_time=elapsed, ksd_draws=ksd_draws, model=model,
+                              model_args=model_args, model_kwargs=model_kwargs)
     idata.posterior.attrs["reference"] = "NUTS on the full data"
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        idata.to_netcdf(tmp)
-        tmp.replace(path)
-        idata.posterior.attrs["cache_file"] = str(path)
     return idata
+
+
+def _save(idata, path: Path):
+    """Write ``idata`` to ``path`` atomically (through a temporary file) and record the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    idata.to_netcdf(tmp)
+    tmp.replace(path)
+    idata.posterior.attrs["cache_file"] = str(path)
 
 
 # -- comparison -----------------------------------------------------------------------------
@@ -212,18 +203,9 @@ def _reference_stein(reference, scores: ModelScores | None, max_draws):
     return stein_dataset(samples, scores, max_draws)
 
 
-def compare(
-    idata,
-    reference,
-    *,
-    var_names=None,
-    reference_names: dict | None = None,
-    model=None,
-    model_args=None,
-    model_kwargs=None,
-    ksd: bool = True,
-    ksd_draws: int | None = 1000,
-) -> pd.DataFrame:
+def compare_to_reference(idata, reference, *, var_names=None, reference_names: dict | None = None,
+                         model=None, model_args=None, model_kwargs=None, ksd: bool = True,
+                         ksd_draws: int | None = 1000) -> pd.DataFrame:
     r"""Compare a run with a reference posterior, per coordinate and overall.
 
     :param idata: the run (``InferenceData`` from :func:`to_inference_data`, or an MCMC).
@@ -248,12 +230,27 @@ def compare(
     >>> import numpy as np
     >>> import numpyro_sg as nsg
     >>> z = np.random.default_rng(0).normal(size=(2000, 2))
-    >>> table = nsg.compare({"theta": 2.0 * z}, {"theta": z}, ksd=False)
+    >>> table = nsg.compare_to_reference({"theta": 2.0 * z}, {"theta": z}, ksd=False)
     >>> list(table.index), bool(np.allclose(table["sd_rel_err"], 1.0))
     (['theta[0]', 'theta[1]'], True)
     """
     run = _as_idata(idata)
     ref = _as_idata(reference, reference_names)
+    common = _shared_variables(run, ref, var_names)
+    x, r = _coordinates(run, common), _coordinates(ref, common)
+    t_run, t_ref = _sampling_time(run), _sampling_time(ref)
+    table = _comparison_table(x, r, t_run, t_ref)
+    sd, ref_sd = table["sd"].to_numpy(), table["ref_sd"].to_numpy()
+    table.attrs["xi_sd"] = float(np.linalg.norm(sd - ref_sd) / np.linalg.norm(ref_sd))
+    table.attrs["sampling_time"] = t_run
+    table.attrs["reference_sampling_time"] = t_ref
+    if ksd:
+        table.attrs.update(_common_scale_ksd(run, ref, model, model_args, model_kwargs, ksd_draws))
+    return table
+
+
+def _shared_variables(run, ref, var_names) -> list:
+    """The variables to compare: ``var_names`` or every one both posteriors have, of one shape."""
     common = [v for v in run.posterior.data_vars if v in ref.posterior.data_vars]
     if var_names is not None:
         var_names = [var_names] if isinstance(var_names, str) else list(var_names)
@@ -274,8 +271,11 @@ def compare(
         a, b = run.posterior[name].shape[2:], ref.posterior[name].shape[2:]
         if a != b:
             raise ValueError(f"variable {name!r}: run shape {a} vs reference shape {b}.")
-    x, r = _coordinates(run, common), _coordinates(ref, common)
-    t_run, t_ref = _sampling_time(run), _sampling_time(ref)
+    return common
+
+
+def _comparison_table(x: dict, r: dict, t_run: float, t_ref: float) -> pd.DataFrame:
+    """One row per coordinate: means, sds, their errors and ESS per second."""
     rows = {}
     for name in x:
         mean, sd = x[name].mean(), x[name].std(ddof=1)
@@ -292,12 +292,6 @@ def compare(
         }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "variable"
-    sd, ref_sd = table["sd"].to_numpy(), table["ref_sd"].to_numpy()
-    table.attrs["xi_sd"] = float(np.linalg.norm(sd - ref_sd) / np.linalg.norm(ref_sd))
-    table.attrs["sampling_time"] = t_run
-    table.attrs["reference_sampling_time"] = t_ref
-    if ksd:
-        table.attrs.update(_common_scale_ksd(run, ref, model, model_args, model_kwargs, ksd_draws))
     return table
 
 
@@ -333,7 +327,8 @@ def _common_scale_ksd(run, ref, model, model_args, model_kwargs, ksd_draws) -> d
     }
 
 
-def plot_compare(idata, reference, *, var_names=None, reference_names=None, labels=None, **kwargs):
+def plot_reference_comparison(idata, reference, *, var_names=None, reference_names=None, labels=None,
+                              **kwargs):
     """Overlay the marginal densities of a run and a reference (``az.plot_density``).
 
     :param labels: the two legend labels (default ``("run", "reference")``).
@@ -347,7 +342,7 @@ def plot_compare(idata, reference, *, var_names=None, reference_names=None, labe
     >>> import numpyro_sg as nsg
     >>> matplotlib.use("Agg")
     >>> z = np.random.default_rng(0).normal(size=(500, 2))
-    >>> axes = nsg.plot_compare({"theta": 2.0 * z}, {"theta": z}, labels=("wide", "exact"))
+    >>> axes = nsg.plot_reference_comparison({"theta": 2.0 * z}, {"theta": z}, labels=("wide", "exact"))
     """
     run = _as_idata(idata)
     ref = _as_idata(reference, reference_names)

@@ -1,4 +1,7 @@
-r"""Variable-selection summaries for spike-and-slab runs (paper 000, supp. §4.1; SPEC §5).
+r"""Variable-selection summaries for spike-and-slab runs.
+
+As reported by Song, Sun, Ye & Liang (2020), 'Extended stochastic gradient Markov chain Monte
+Carlo for large-scale Bayesian variable selection' (supplement §4.1).
 
 Every function takes the run in any of these forms:
 
@@ -179,7 +182,8 @@ def selection_summary(obj, beta_true=None, *, beta_name: str = "beta", thin: int
 
 
 def relative_error(obj, theta_true, *, var_name: str = "beta", last: int | None = 1000):
-    r"""Relative error 𝓔 of paper 003, eq. (21) (SPEC §6).
+    r"""Relative error 𝓔 of Atchadé & Wang (2023), 'A fast asynchronous MCMC sampler for sparse
+    Bayesian inference', eq. (21).
 
     𝓔 = mean over the last ``last`` draws k of ‖θ⁽ᵏ⁾·δ⁽ᵏ⁾ − θ*‖₂ / ‖θ*‖₂, computed per chain
     and averaged over chains.  ``obj`` is an ``MCMC``, an ``InferenceData``, a dict of samples

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from numpyro.infer.initialization import init_to_uniform
 
-from numpyro_sg.infer.minibatch import SubsamplePlate, resolve_subsample_size
+from numpyro_sg.infer.plates import SubsamplePlate, resolve_subsample_size
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
 from numpyro_sg.spike_slab.checks import run_checks
 from numpyro_sg.spike_slab.structure import SpikeSlab, SpikeSlabError, trace_spike_slab
@@ -140,19 +140,9 @@ def _find_coefficient(model, model_args, model_kwargs, others: dict, indicator, 
     return coefficient
 
 
-def find_spike_slab(
-    model: Callable,
-    model_args=(),
-    model_kwargs=None,
-    *,
-    indicator: str | None = None,
-    coefficient: str | None = None,
-    subsample_size=None,
-    glm="auto",
-    check: bool = True,
-    seed: int = 0,
-    info: ModelInfo | None = None,
-) -> SpikeSlab:
+def find_spike_slab(model: Callable, model_args=(), model_kwargs=None, *, indicator: str | None = None,
+                    coefficient: str | None = None, subsample_size=None, glm="auto",
+                    check: bool = True, seed: int = 0, info: ModelInfo | None = None) -> SpikeSlab:
     """Find and validate the spike-and-slab structure of ``model`` (see :mod:`numpyro_sg.spike_slab`).
 
     Reads the sites from one trace of the model (``info``, or a trace made here), picks the
@@ -191,6 +181,19 @@ def find_spike_slab(
     model_kwargs = dict(model_kwargs or {})
     if info is None:
         info = trace_model(model, model_args, model_kwargs)
+    ss = _structure(model, model_args, model_kwargs, info, subsample_size, indicator, coefficient)
+    if not (check and not _is_tracer_tree((model_args, model_kwargs))):
+        if glm is True:
+            raise SpikeSlabError("glm=True needs concrete model arguments and check=True.")
+        return ss
+    per_coordinate, glm_info, _ = run_checks(ss, info, model_args, model_kwargs, glm=glm, seed=seed)
+    return dataclasses.replace(ss, per_coordinate_prior=per_coordinate, glm=glm_info)
+
+
+def _structure(model, model_args, model_kwargs, info: ModelInfo, subsample_size, indicator,
+               coefficient) -> SpikeSlab:
+    """The :class:`~numpyro_sg.spike_slab.SpikeSlab` read from the trace, before the numerical
+    checks (``per_coordinate_prior=False``, ``glm=None``)."""
     plate = _find_plate(info, subsample_size)
     plate_names = {plate.name} if plate is not None else set()
     latent = {
@@ -206,7 +209,7 @@ def find_spike_slab(
             "supported: marginalise them out or fix them."
         )
     coefficient = _find_coefficient(model, model_args, model_kwargs, others, indicator, p, coefficient)
-    ss = SpikeSlab(
+    return SpikeSlab(
         model=model,
         indicator=indicator,
         coefficient=coefficient,
@@ -217,9 +220,3 @@ def find_spike_slab(
         glm=None,
         deterministic_in_plate=info.deterministic_in(plate_names),
     )
-    if not (check and not _is_tracer_tree((model_args, model_kwargs))):
-        if glm is True:
-            raise SpikeSlabError("glm=True needs concrete model arguments and check=True.")
-        return ss
-    per_coordinate, glm_info, _ = run_checks(ss, info, model_args, model_kwargs, glm=glm, seed=seed)
-    return dataclasses.replace(ss, per_coordinate_prior=per_coordinate, glm=glm_info)

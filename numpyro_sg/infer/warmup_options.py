@@ -1,0 +1,159 @@
+"""The warmup's settings (:class:`WarmupOptions`) and result (:class:`ModeFit`); the mode search
+itself is :func:`numpyro_sg.infer.warmup.find_mode`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from numpyro_sg.infer.preconditioner import Preconditioner
+
+__all__ = ["WarmupOptions", "ModeFit"]
+
+
+@dataclass(frozen=True)
+class WarmupOptions:
+    """Settings of the warmup's mode search (see :mod:`numpyro_sg.infer.warmup`).
+
+    :param int optimizer_steps: Adam steps on mini-batches (0 skips the phase); default 500,
+        or 2,000 above ``dense_max`` coordinates (where the diagonal Newton refinement cannot
+        repair a poor optimum).
+    :param float learning_rate: Adam's initial learning rate (cosine-decayed to 1% of it).
+    :param batch_size: mini-batch size of the optimizer (default: the plate's n, at least
+        1,000, at most N; above ``dense_max`` coordinates also at least enough for
+        ``large_d_epochs`` passes over the data, as each parameter of a model with many
+        parameters — a row of a factor matrix — is informed by few rows of each batch — but
+        at most 16 times the small-d default).
+    :param int large_d_epochs: see ``batch_size`` (default 100).
+    :param int newton_steps: at most this many full-data Newton steps.
+    :param float tolerance: Newton has converged when every step component is below this
+        many Laplace sds.
+    :param int chunk_size: rows per chunk of the full-data passes.
+    :param int hessian_rows: rows of the random subsample the Hessian is computed on.
+    :param int dense_max: largest dimension with a dense (Cholesky) preconditioner.
+    :param float jitter: chains start at θ̂ + jitter·L·ξ.
+    :param int seed: seed of the warmup's own random draws (mini-batches, Hessian rows), so
+        that every chain of a run — whatever the chain method — starts from the same mode.
+    :param float symmetry_jitter: coordinates whose gradient is exactly 0 at the zero start
+        (a symmetric saddle, e.g. the factors of a matrix factorisation) start at
+        ``symmetry_jitter``·ξ instead (:func:`~numpyro_sg.infer.warmup.break_symmetry`); 0 disables it.
+    :param float diagonal_tolerance: above ``dense_max`` coordinates Newton uses the Hessian's
+        diagonal only, a preconditioned gradient step that converges slowly on coupled
+        coordinates (matrix factorisation); it has converged when every step component is
+        below this many Laplace sds (default 0.25: a start well inside the posterior).
+    :param int hutchinson_probes: Rademacher probes of the Hutchinson diagonal of the
+        preconditioner (above ``dense_max``; the Newton steps use 16); its relative error per
+        coordinate is about √(Σ_{l≠j} H_jl² / probes)/|H_jj|.
+    :param int fisher_group_size: rows per group of the Fisher diagonal.
+    :param str diagonal: the preconditioner's curvature diagonal above ``dense_max`` coordinates:
+        ``"fisher"`` (default with one subsample plate: the likelihood's Fisher diagonal
+        from group gradients, :meth:`~numpyro_sg.infer.minibatch.Minibatcher.fisher_diagonal`, plus
+        a Hutchinson estimate of the prior's alone) or ``"hutchinson"`` (Hutchinson on the
+        whole Hessian: noisy for coordinates coupled to many others, which then get too wide
+        a scale — on BPMF it underestimated some factors' curvature 16-fold and SGLD
+        diverged).  The Newton steps use a 16-probe Hutchinson diagonal either way.
+    :param max_noise_heat: above ``dense_max`` coordinates, the diagonal scales are further
+        divided by √(h/``max_noise_heat``) when the gradient-noise heat h (see
+        :attr:`ModeFit.noise_heat`; τ̂ of the control-variate gradient at ``noise_points``
+        draws from the diagonal Laplace approximation, in the working frame) exceeds it.  On
+        a sparse model (matrix factorisation: a user's gradient rests on a fraction of a
+        rating per batch, scaled by N/n) the mini-batch noise in the working frame is large;
+        Langevin-type kernels then run hot, drift away from the anchor, where the
+        control-variate noise grows further, and diverge.  ``None`` disables it.
+    :param int noise_points: see ``max_noise_heat``.
+    :param bool stabilise_diagonal: divide the diagonal Laplace scales by √(2λ − 1), λ the
+        top eigenvalue of the whitened −H (power iteration on Hessian-vector products), so
+        that a step size in preconditioner units is about as stable along the stiffest
+        direction as with a dense preconditioner (λ = 1 for uncoupled coordinates: no change;
+        the factor 2λ − 1 rather than λ is a margin for power iteration's underestimate and
+        for curvature growing away from the mode — BAOAB's default diverged on BPMF with √λ).
+    """
+
+    optimizer_steps: int | None = None
+    learning_rate: float = 0.05
+    batch_size: int | None = None
+    newton_steps: int = 8
+    tolerance: float = 1e-3
+    chunk_size: int = 65536
+    hessian_rows: int = 65536
+    dense_max: int = 256
+    jitter: float = 1.0
+    seed: int = 0
+    symmetry_jitter: float = 0.1
+    diagonal_tolerance: float = 0.25
+    stabilise_diagonal: bool = True
+    hutchinson_probes: int = 64
+    diagonal: str = "fisher"
+    fisher_group_size: int = 32
+    large_d_epochs: int = 100
+    max_noise_heat: float | None = 0.1
+    noise_points: int = 4
+
+    def optimizer_plan(self, d: int, sizes) -> tuple:
+        """``(steps, {plate size N: batch size})`` of the Adam phase for a model with d
+        coordinates and plates of sizes N (:mod:`numpyro_sg.infer.warmup`; defaults depend on d)."""
+        large = d > self.dense_max
+        steps = self.optimizer_steps if self.optimizer_steps is not None else (2000 if large else 500)
+        batches = {}
+        for N, n in sizes:
+            b = self.batch_size or max(n, 1000)
+            if large and self.batch_size is None and steps > 0:  # at most 16 × the default
+                b = max(b, min(-(-self.large_d_epochs * N // steps), 16 * b))
+            batches[N] = int(min(b, N))
+        return steps, batches
+
+    @classmethod
+    def of(cls, value) -> "WarmupOptions":
+        """``value`` as options: ``None`` (defaults), a dict of fields, or options."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            unknown = set(value) - {f.name for f in dataclasses.fields(cls)}
+            if unknown:
+                raise ValueError(f"unknown warmup option(s) {sorted(unknown)}; the options are "
+                                 f"{[f.name for f in dataclasses.fields(cls)]}.")
+            return cls(**value)
+        raise TypeError(f"warmup_options must be None, a dict or WarmupOptions; got {value!r}.")
+
+
+@dataclass(frozen=True)
+class ModeFit:
+    """The warmup's result.
+
+    :ivar mode: θ̂, the flat unconstrained mode (d,).
+    :ivar grad: the full-data gradient ∇ log π(θ̂) (d,): the control-variate anchor's.
+    :ivar log_density: log π(θ̂) (full data, up to a constant).
+    :ivar preconditioner: the Laplace :class:`~numpyro_sg.infer.preconditioner.Preconditioner`.
+    :ivar converged: whether Newton met its tolerance.
+    :ivar newton_steps: Newton steps taken.
+    :ivar seconds: wall time of the search.
+    :ivar stiffness: λ, the top eigenvalue of the whitened −H for a diagonal preconditioner
+        (:func:`~numpyro_sg.infer.curvature.whitened_top_eigenvalue`; 1 for a dense one); the diagonal scales were divided
+        by √(2λ − 1) (``WarmupOptions.stabilise_diagonal``).
+    :ivar noise_heat: h, the 90% quantile over coordinates of τ̂_w²/4 — the extra variance a
+        unit Langevin step gets from the control-variate gradient noise, relative to its
+        injected noise — with that preconditioner (before ``max_noise_heat`` shrank it).
+    """
+
+    mode: Any
+    grad: Any
+    log_density: float
+    preconditioner: Preconditioner
+    converged: bool
+    newton_steps: int
+    seconds: float
+    stiffness: float = 1.0
+    noise_heat: float = 0.0
+
+    @property
+    def scales(self) -> np.ndarray:
+        """Laplace sds √diag(Σ̂) per coordinate."""
+        P = self.preconditioner
+        if P.chol is not None:
+            return np.sqrt(np.sum(np.asarray(P.chol, np.float64) ** 2, axis=1))
+        return np.asarray(P.scale, np.float64)
