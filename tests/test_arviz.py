@@ -1,6 +1,8 @@
 """``to_inference_data`` and ``summary`` on an SGBD run of a subsample model: full-data groups,
 KSD in sample_stats, a lossless netCDF round trip, and ArviZ's own functions on the result."""
 
+import warnings
+
 import arviz as az
 import jax
 import matplotlib
@@ -116,3 +118,18 @@ def test_options_and_limits(sgbd_run):
         nsg.to_inference_data(sgbd_run, log_likelihood=True, log_likelihood_limit_gb=1e-6)
     with pytest.raises(TypeError, match="unknown ksd_options"):
         nsg.to_inference_data(sgbd_run, ksd_options={"bandwidth": 1.0})
+
+
+def test_conversion_checks_convergence_unless_told_not_to(logistic_data):
+    """NumPyro's MCMC has no end-of-run hook: the conversion is where a run of our kernels is
+    checked.  A chain started at a uniform draw with a tiny absolute step barely moves, so its
+    draws fail the check (drift, ESS); ``check=False`` skips it."""
+    X, y = logistic_data
+    mcmc = MCMC(nsg.SGLD(logistic_model, step_size=1e-7, **CLASSIC), num_warmup=0, num_samples=200,
+                num_chains=2, chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(1), X, y)
+    with pytest.warns(nsg.ConvergenceWarning, match="theta"):
+        nsg.to_inference_data(mcmc, ksd=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", nsg.ConvergenceWarning)
+        nsg.to_inference_data(mcmc, ksd=False, check=False)

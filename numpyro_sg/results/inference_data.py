@@ -35,6 +35,7 @@ import numpy as np
 import xarray as xr
 from numpyro import handlers
 
+from numpyro_sg.diagnostics.convergence import check_convergence
 from numpyro_sg.diagnostics.model_scores import (
     STEIN_GROUP,
     ModelScores,
@@ -129,7 +130,8 @@ def _name_coordinate_dims(idata, coordinate_names):
 def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
                       ksd_draws: int | None = 1000, preconditioner="sd", ksd_options: dict | None = None,
                       log_likelihood_limit_gb: float | None = 1.0, sampling_time: float | None = None,
-                      model=None, model_args=None, model_kwargs=None, **kwargs) -> az.InferenceData:
+                      model=None, model_args=None, model_kwargs=None, check: bool = True,
+                      **kwargs) -> az.InferenceData:
     """``arviz.InferenceData`` of an MCMC run, with full-data observations and KSD.
 
     Works for the ``numpyro_sg`` kernels and for any NumPyro kernel (NUTS too).  The groups
@@ -152,6 +154,10 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
         ``posterior.attrs["sampling_time"]`` (ArviZ's convention) and used for ESS per second
         by :func:`numpyro_sg.compare_to_reference`.
     :param model, model_args, model_kwargs: override the model and data the run used.
+    :param bool check: for a run of one of this package's kernels, run
+        :func:`numpyro_sg.check_convergence` on it first (a :class:`~numpyro_sg.ConvergenceWarning` names
+        the sites at fault; NumPyro's ``MCMC`` has no end-of-run hook, so this is where the
+        check runs unless you call it yourself).
     :param kwargs: passed to :func:`arviz.from_numpyro` (``coords``, ``dims``, …).
 
     **Example:**
@@ -172,6 +178,8 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     ('sd', ('chain',))
     """
     ksd_options = _checked_ksd_options(mcmc, ksd_options)
+    if check and hasattr(getattr(mcmc, "sampler", None), "convergence_report"):
+        check_convergence(mcmc)
     model, model_args, model_kwargs = run_model(mcmc, model, model_args, model_kwargs)
     idata = _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood,
                              log_likelihood_limit_gb, kwargs)
