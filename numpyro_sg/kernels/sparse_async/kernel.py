@@ -113,12 +113,12 @@ class SparseAsync(SGKernel):
     >>> import jax, numpyro_sg as nsg
     >>> from numpyro.infer import MCMC
     >>> from numpyro_sg import datasets as ds
-    >>> X, y, _ = ds.simulate_sparse_linear(20, num_data=100, num_nonzero=2, seed=0)
-    >>> kernel = nsg.SparseAsync(ds.sparse_async_linear_model, variant="async", update_size=5)
+    >>> X, y, _ = ds.simulate_sparse_linear(8, num_data=50, num_nonzero=2, seed=0)
+    >>> kernel = nsg.SparseAsync(ds.sparse_async_linear_model, variant="async", update_size=4)
     >>> mcmc = MCMC(kernel, num_warmup=100, num_samples=200, progress_bar=False)
     >>> mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("model_size",))
     >>> mcmc.get_samples()["beta"].shape, kernel.inner_kind
-    ((200, 20), 'gaussian')
+    ((200, 8), 'gaussian')
     """
 
     State = SparseAsyncState
@@ -135,15 +135,26 @@ class SparseAsync(SGKernel):
         check_options(options)
         super().__init__(model, subsample_size=subsample_size, replace=replace is not False,
                          init_strategy=init_strategy, check_data=check_data)
-        self._options = options
+        # plain attributes, not one options object: a tuner batches kernels whose attributes
+        # differ only in the state hyperparameters (step_size)
         for name in ("step_size", "variant", "update_size", "inner", "taylor", "async_point",
                      "max_active", "adapt_step_size", "target_accept_prob", "fast_path"):
             setattr(self, name, getattr(options, name))
+        self._replace_option = replace
         self._sites = {"indicator": indicator, "coefficient": coefficient}
         self._effective_name = effective_name
         self._plan = None  # static metadata resolved at init (a Plan)
         self._constants = None  # the fast path's constants (prior, offset, y, …), set at init
         self._setup = PerDataCache()  # (plan, constants, Minibatcher) per data set
+
+    @property
+    def options(self) -> SparseAsyncOptions:
+        """The options given to the constructor (``None`` where the default applies)."""
+        return SparseAsyncOptions(
+            self.step_size, self.variant, self.update_size, self.inner, self.taylor,
+            self.async_point, self.max_active, self.adapt_step_size, self.target_accept_prob,
+            self.fast_path, self._subsample_size, self._replace_option,
+        )
 
     # -- public metadata (known after ``init``) -----------------------------------------------
     @property
@@ -204,7 +215,7 @@ class SparseAsync(SGKernel):
 
     def _make_plan(self, model_args, model_kwargs):
         """``(plan, constants, Minibatcher)``: the structure found from one trace of the model."""
-        o = self._options
+        o = self.options
         info = trace_model(self._model, model_args, model_kwargs)
         # the GLM family is needed for the fast path and for the default taylor (Gaussian or not)
         detect = o.fast_path != "generic" or (o.variant != "exact" and o.taylor is None)
