@@ -1,4 +1,4 @@
-"""Paper 003's §4.1 linear example with numpyro_sg.SparseAsync: exact (Alg. 1) vs async (Alg. 2).
+"""Atchadé & Wang (2023)'s §4.1 linear example with numpyro_sg.SparseAsync: exact (Alg. 1) vs async (Alg. 2).
 
     python examples/sparse_async.py                      # p = 1,000, N = 500, ϱ = 0
     python examples/sparse_async.py --p 2000 --rho 0.9

@@ -1,5 +1,6 @@
-"""SparseAsync (paper 003, SPEC §6): exactness of Alg. 1 against enumeration, Alg. 2/3 accuracy,
-the building blocks, outputs and input errors.  Long runs: ``-m slow`` and benchmarks/."""
+"""SparseAsync (Atchadé & Wang 2023, "A fast asynchronous MCMC sampler for sparse Bayesian
+inference"): exactness of Alg. 1 against enumeration, Alg. 2/3 accuracy, the building blocks,
+the divergence guard, outputs and input errors.  Long runs: ``-m slow`` and benchmarks/."""
 
 import functools
 import itertools
@@ -15,17 +16,22 @@ from scipy import stats
 
 import numpyro_sg as nsg
 from numpyro_sg import datasets as ds
+from numpyro_sg.kernels.moves import langevin_move, mala_step
 from numpyro_sg.kernels.sparse_async import (
     async_inclusion_logits,
     async_update,
+    block_move,
     compact_active,
     dense_async_gradient,
     draw_subset,
     gaussian_block_draw,
     glm_async_gradient,
+    guard_norm,
     robbins_monro,
     sequential_sweep,
 )
+from numpyro_sg.kernels.sparse_async.gradients import evaluation_shift
+from numpyro_sg.kernels.sparse_async.options import bucket_sizes
 from numpyro_sg.results.selection import inclusion_probabilities, relative_error
 from numpyro_sg.spike_slab import GLM_FAMILIES
 
@@ -176,10 +182,10 @@ def test_sgld_and_mala_on_logistic():
     for variant, kw in (("async", {}), ("sgld", {"subsample_size": 100})):
         kernel = nsg.SparseAsync(ds.sparse_async_logistic_model, variant=variant, update_size=10, **kw)
         mcmc = MCMC(kernel, num_warmup=150, num_samples=200, progress_bar=False)
-        mcmc.run(jax.random.PRNGKey(0), X, y, init_params=init, extra_fields=("accept_rate",))
+        mcmc.run(jax.random.PRNGKey(0), X, y, init_params=init, extra_fields=("accept_prob",))
         out[variant] = relative_error(mcmc, truth, last=200)
         if variant == "async":
-            acc = float(np.mean(mcmc.get_extra_fields()["accept_rate"]))
+            acc = float(np.mean(mcmc.get_extra_fields()["accept_prob"]))
             assert kernel.inner_kind == "mala" and kernel.taylor_kind == "sensitive"
             assert 0.3 < acc < 0.7, acc  # Robbins–Monro toward 0.5 during warmup
     print(out)
@@ -553,7 +559,7 @@ def test_hyperparameters_live_in_the_state_and_step_is_pure(tiny):
     a, b = step(state, (X, y), {}), step(state, (X, y), {})
     for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
-    expected = robbins_monro(arms, a.accept_rate, 0, 0.5)  # warmup: adapted from each arm's ε
+    expected = robbins_monro(arms, a.accept_prob, 0, 0.5)  # warmup: adapted from each arm's ε
     np.testing.assert_allclose(a.step_size, expected, rtol=1e-5)
     late = step(state._replace(i=jnp.full((3,), 100, jnp.int32)), (X, y), {})
     np.testing.assert_allclose(late.step_size, arms, rtol=1e-6)  # after warmup: fixed
@@ -579,6 +585,91 @@ def test_mamba_tunes_the_sgld_step_size_over_vectorised_arms(tiny):
     assert res.best_params["step_size"] in (1e-3, 1e-2)
     assert {"theta", "delta", "beta"} <= set(res.idata.posterior.data_vars)
     assert np.all(np.isfinite(res.idata.sample_stats["ksd"]))
+
+
+@pytest.mark.parametrize("path", ["auto", "generic"])
+def test_too_large_step_size_diverges_and_the_chain_is_frozen(tiny, path):
+    """SA-SGLD with ε = 1, past this posterior's stability limit (about 4/31 ≈ 0.13), blows up
+    geometrically: the shared guard flags it once (one DivergenceWarning, ``diverging`` True
+    from then on) and freezes the chain at its last safe point (an earlier draw), so the draws
+    stay bounded and constant from the blow-up on.  Checked to fail with the guard's norm test
+    bypassed (only non-finite values caught, as before the guard): no warning, and the chain
+    explodes to |β| ~ 1e11 and back (STEP 2 switches the exploding coordinates off, so it never
+    overflows)."""
+    X, y = tiny
+    kernel = nsg.SparseAsync(tiny_model, 1.0, variant="sgld", update_size=4, subsample_size=10,
+                             fast_path=path)
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=150, progress_bar=False)
+    with pytest.warns(nsg.DivergenceWarning) as record:
+        mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("diverging", "model_size"))
+    assert sum(issubclass(w.category, nsg.DivergenceWarning) for w in record) == 1
+    div = np.asarray(mcmc.get_extra_fields()["diverging"])
+    first = int(np.argmax(div))
+    assert div.any() and np.all(div[first:]) and not np.any(div[:first]) and first < 100, div
+    s = {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
+    assert np.all(np.isfinite(s["theta"])) and np.abs(s["beta"][first:]).max() < 10.0
+    for name in ("theta", "delta", "beta"):  # frozen: the same draw from the blow-up on
+        np.testing.assert_array_equal(s[name][first:], np.broadcast_to(s[name][first], s[name][first:].shape))
+    assert any(np.array_equal(s["beta"][first], s["beta"][k]) for k in range(first))  # a safe point
+    size = np.asarray(mcmc.get_extra_fields()["model_size"])
+    np.testing.assert_array_equal(size, s["delta"].sum(-1))  # δ, active list and size agree
+
+
+def test_stable_chains_are_not_flagged(tiny):
+    """The guard leaves a stable chain alone: SA-SGLD at ε = 0.01 and MALA from a far start
+    (θ = 5 on every coordinate, all included) never diverge."""
+    X, y = tiny
+    far = {"theta": jnp.full(8, 5.0), "delta": jnp.ones(8, jnp.int32)}
+    for kernel, kw in ((nsg.SparseAsync(tiny_model, 0.01, variant="sgld", update_size=4,
+                                        subsample_size=10), {}),
+                       (nsg.SparseAsync(tiny_model, 0.05, inner="mala", update_size=4),
+                        {"init_params": far})):
+        mcmc = MCMC(kernel, num_warmup=100, num_samples=200, progress_bar=False)
+        mcmc.run(jax.random.PRNGKey(4), X, y, extra_fields=("diverging",), **kw)
+        assert not np.any(mcmc.get_extra_fields()["diverging"])
+
+
+def test_guard_norm_is_scale_free_with_a_floor():
+    """1 + √(ε·mean g²) over the moved coordinates: 1 for an empty block, unchanged when θ is
+    rescaled by c (g by 1/c, ε by c²), NaN for a non-finite gradient."""
+    g, mask = jnp.asarray([3.0, -4.0, 100.0]), jnp.asarray([1.0, 1.0, 0.0])
+    assert float(guard_norm(0.5, g, mask)) == pytest.approx(1 + np.sqrt(0.5 * 12.5))
+    assert float(guard_norm(0.5, g, jnp.zeros(3))) == 1.0
+    assert float(guard_norm(0.5 * 9.0, g / 3.0, mask)) == pytest.approx(float(guard_norm(0.5, g, mask)))
+    assert np.isnan(float(guard_norm(0.5, g.at[0].set(jnp.nan), mask)))
+
+
+def test_block_move_is_the_shared_moves_on_the_unmasked_coordinates():
+    """``block_move``: MALA is ``mala_step`` (same key, same point, acceptance min(1, ratio));
+    SGLD is ``langevin_move`` with noise variance ε on the unmasked coordinates, the masked
+    ones unchanged; the guard norm is read at the point kept (MALA) or moved from (SGLD)."""
+    x = jnp.asarray([0.5, -1.0, 2.0, 3.0])
+    mask = jnp.asarray([1.0, 1.0, 0.0, 1.0])
+
+    def f(v):
+        return -0.5 * jnp.sum(v**2 / jnp.asarray([1.0, 2.0, 3.0, 4.0])), -v / jnp.asarray([1.0, 2.0, 3.0, 4.0])
+
+    key, eps = jax.random.PRNGKey(3), 0.3
+    mala = block_move("mala", key, x, f, eps, mask)
+    ref = mala_step(key, x, *f(x), f, eps, mask)
+    np.testing.assert_allclose(mala.x, ref.x)
+    assert float(mala.accept_prob) == pytest.approx(float(ref.accept_prob)) and 0 <= float(mala.accept_prob) <= 1
+    assert float(mala.grad_norm) == pytest.approx(float(guard_norm(eps, ref.grad, mask)))
+    sgld = block_move("sgld", key, x, f, eps, mask)
+    noise = jax.random.normal(jax.random.split(key)[0], (4,)) * mask
+    np.testing.assert_allclose(sgld.x, langevin_move(x, f(x)[1] * mask, eps, noise, eps), rtol=1e-6)
+    assert float(sgld.x[2]) == 2.0 and float(sgld.accept_prob) == 1.0 and bool(sgld.finite)
+    assert float(sgld.grad_norm) == pytest.approx(float(guard_norm(eps, f(x)[1], mask)))
+    bad = block_move("sgld", key, x, lambda v: (jnp.nan, f(v)[1]), eps, mask)
+    assert not bool(bad.finite)
+
+
+def test_evaluation_shift_and_bucket_sizes():
+    theta, delta = jnp.asarray([2.0, 3.0]), jnp.asarray([1, 0])
+    np.testing.assert_array_equal(evaluation_shift(theta, delta, "current"), [0.0, 3.0])
+    np.testing.assert_array_equal(evaluation_shift(theta, delta, "excluded"), [-2.0, 0.0])
+    assert bucket_sizes(8) == (8,) and bucket_sizes(100) == (8, 16, 32, 64, 100)
+    assert bucket_sizes(3) == (3,)
 
 
 @pytest.mark.slow

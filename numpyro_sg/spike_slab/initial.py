@@ -1,6 +1,6 @@
 r"""Starting values of spike-and-slab chains, and the names of the kernels' extra outputs.
 
-A search over models needs the chain to start at γ = 0 with θ drawn from the spike (SPEC §5):
+A search over models needs the chain to start at γ = 0 with θ drawn from the spike:
 NumPyro's ``init_to_uniform`` puts every θ_j in (−2, 2), where under a tight spike each one
 looks like a slab draw.  :func:`init_to_spike` is that strategy; :func:`start_fn` draws a start
 in one model trace (and, for data-based proposal weights, reads the first rows of the GLM
@@ -108,7 +108,7 @@ def initial_values(ss: SpikeSlab, rng_key, init_params, init_strategy, model_arg
     indicator; names in ``ignore`` are dropped) is used as given.  Otherwise the indicator
     starts at 0 and the continuous sites come from ``init_strategy`` (default
     :func:`init_to_spike`: the coefficients from the spike, which the search for a model
-    needs — SPEC §5) with the model conditioned on γ = 0, in one model trace
+    needs) with the model conditioned on γ = 0, in one model trace
     (:func:`start_fn`, vectorised over chains).  ``num_chains``: ``None`` for one chain
     (``rng_key`` a key), else the number of vectorised chains (a batch of keys).
 

@@ -1,0 +1,93 @@
+r"""SparseAsync — the asynchronous spike-and-slab sampler of Atchadé & Wang (2023), "A fast
+asynchronous MCMC sampler for sparse Bayesian inference" (Alg. 1–3).
+
+The model (see :mod:`numpyro_sg.spike_slab`) has an indicator δ ∈ {0,1}^p, a coefficient
+θ ∈ ℝ^p whose prior factorises over coordinates given δ (paper: π(δ) ∝ p^(−u·size(δ)),
+θ_j | δ_j ~ N(0, 1/ρ_{δ_j})), and a likelihood ℓ that depends on θ only through β = θ·δ.
+The conditional inclusion probability of coordinate j is read from the model's own
+per-coordinate prior terms:
+
+.. math::
+
+   q_j = \operatorname{sigmoid}\big(\operatorname{logit}\pi(\delta_j{=}1)
+        + \log p(\theta_j\mid 1) - \log p(\theta_j\mid 0) + \ell_1 - \ell_0\big),
+
+ℓ₁ = ℓ(θ·δ^{(j,1)}), ℓ₀ = ℓ(θ·δ^{(j,0)}) (for the paper's prior this is its eq. (4) with
+a = u·log p + ½·log(ρ0/ρ1)).  One iteration:
+
+* **STEP 1.** Excluded coordinates θ_j (δ_j = 0) are draws from the spike p(θ_j | δ_j = 0);
+  the active block [θ]_δ is moved by a kernel invariant for its conditional
+  exp(log p([θ]_δ | δ) + ℓ((θ, 0)_δ)): an exact Gaussian draw (``inner="gaussian"``, Gaussian
+  likelihood with known scale, linear predictor X·β; :func:`gaussian_block_draw`), one MALA
+  step (``inner="mala"``), or, for ``variant="sgld"``, one SGLD step on a mini-batch (both
+  :func:`block_move`, on the shared moves of :mod:`numpyro_sg.kernels.moves`).
+* **STEP 2.** A uniformly random subset J of J = ``update_size`` coordinates is chosen
+  (:func:`draw_subset`) and their indicators are redrawn: ``variant="exact"`` (Alg. 1)
+  sequentially from q_j (:func:`sequential_sweep`); ``variant="async"`` (Alg. 2) all in
+  parallel (:func:`async_update`) from
+  q̃_j = sigmoid(logit π(δ_j=1) + log p(θ_j|1) − log p(θ_j|0) + θ_j·G_j + Q_j) with one gradient
+  G = ∇_β ℓ(β) (:func:`glm_async_gradient`, :func:`dense_async_gradient`) at
+  β = θ·(δ ∨ 1_J) (``async_point="current"``) or β = θ·ϑ (ϑ = δ with the chosen coordinates
+  off, the paper's eq. (7): ``"excluded"``); ``variant="sgld"`` (Alg. 3) likewise with Ĝ
+  from STEP 1's mini-batch scaled by N/B.
+
+Step size: absolute, θ' = θ + (ε/2)·ĝ(θ) + N(0, ε·I) for both the MALA proposal and the SGLD
+step, in the model's unconstrained coordinates (no preconditioner); the paper writes γ with
+noise √(2γ), so ε = 2γ.  The MALA ε is adapted during warmup only (:func:`robbins_monro`).
+
+Lazy spike draws: an excluded θ_j is used by the algorithm only when j is chosen in STEP 2,
+where it is drawn afresh from the spike; at other times its value has no effect on the chain.
+The kernel therefore draws the J chosen ones only and, for the output, redraws every excluded
+coordinate from the spike at each kept draw (in ``postprocess_fn``, from a key stored with the
+draw).  The returned θ therefore has the law of the paper's θ̄ at every draw.
+
+**Fast path** (GLM likelihood η = offset + X·β of family Gaussian / Bernoulli / Poisson, Normal
+spike and slab, θ the only continuous site; :mod:`.glm`): the active set is a padded index
+list of static size ``max_active`` (kept by :func:`compact_active`); an iteration costs
+O(N·(size(δ) + J)) (plus O(N·size(δ)²) for the exact Gaussian draw), independent of p.  The
+chosen subset is drawn in O(J) (first J distinct values of 2J uniform integers; an exact
+uniform draw of a J-subset).  Otherwise a dense path (:mod:`.dense`) evaluates the model on the
+full data (mini-batch for ``"sgld"``) for any model of the spike-and-slab form.
+
+Layout: :mod:`.indicators` (STEP 2), :mod:`.gradients` (the asynchronous gradient),
+:mod:`.block` (STEP 1 moves), :mod:`.glm` and :mod:`.dense` (one iteration on either path),
+:mod:`.options` and :mod:`.setup` (options, plan, constants, start), :mod:`.step` (the state
+and the pure step with the divergence guard), :mod:`.kernel` (the NumPyro shell
+:class:`SparseAsync`, hyperparameter ε in ``state.hyper``: :class:`SparseAsyncHyper`).
+"""
+
+from numpyro_sg.kernels.sparse_async.block import (
+    BlockMove,
+    block_move,
+    gaussian_block_draw,
+    guard_norm,
+    robbins_monro,
+)
+from numpyro_sg.kernels.sparse_async.gradients import dense_async_gradient, glm_async_gradient
+from numpyro_sg.kernels.sparse_async.indicators import (
+    async_inclusion_logits,
+    async_update,
+    compact_active,
+    draw_subset,
+    sequential_sweep,
+)
+from numpyro_sg.kernels.sparse_async.kernel import SparseAsync
+from numpyro_sg.kernels.sparse_async.step import SparseAsyncHyper, SparseAsyncState
+
+__all__ = [
+    "SparseAsync",
+    "SparseAsyncHyper",
+    "SparseAsyncState",
+    "async_inclusion_logits",
+    "async_update",
+    "block_move",
+    "BlockMove",
+    "compact_active",
+    "dense_async_gradient",
+    "draw_subset",
+    "gaussian_block_draw",
+    "glm_async_gradient",
+    "guard_norm",
+    "robbins_monro",
+    "sequential_sweep",
+]

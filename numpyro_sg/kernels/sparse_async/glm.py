@@ -1,0 +1,155 @@
+r"""One iteration of SparseAsync on the GLM fast path (linear predictor η = offset + X·β of a
+Gaussian / Bernoulli / Poisson likelihood, Normal spike and slab, θ the only continuous site).
+
+The active set is a padded index list of static size ``max_active``; STEP 1
+(:func:`glm_block_move`) gathers the size(δ) active columns of X, padded to the next bucket
+(8, 16, 32, …), STEP 2 (:func:`glm_indicator_update`) the J chosen ones, so an iteration
+costs O(N·(size(δ) + J)) (plus O(N·size(δ)²) for the exact Gaussian draw), independent of p.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax, random
+
+from numpyro_sg.kernels.base import all_finite
+from numpyro_sg.kernels.guard import freeze
+from numpyro_sg.kernels.sparse_async.block import block_move, gaussian_block_draw, norm_logpdf
+from numpyro_sg.kernels.sparse_async.gradients import glm_async_gradient
+from numpyro_sg.kernels.sparse_async.indicators import (
+    async_update,
+    compact_active,
+    draw_subset,
+    sequential_sweep,
+)
+from numpyro_sg.kernels.sparse_async.setup import SPIKE_KEY
+
+__all__ = ["GLMView", "glm_view", "bucket_move", "glm_block_move", "glm_indicator_update", "glm_iteration"]
+
+
+class GLMView(NamedTuple):
+    """The data rows of one fast-path iteration: ``columns(cols)`` gives X[rows][:, cols]
+    (out-of-range columns are 0), per-datum terms are ``scale * family.loglik(eta, y, params)``."""
+
+    columns: Callable
+    y: Any
+    offset: Any
+    params: Any
+    scale: Any
+
+
+def glm_view(plan, mb, state, model_args, model_kwargs, key):
+    """``(GLMView, batch_state)``: all data (exact, async) or a mini-batch (sgld)."""
+    aux = state.aux
+    if plan.variant != "sgld":  # all data: columns are contiguous rows of the (p, N) copy
+        def columns(cols):
+            return jnp.take(aux.Xt, cols, axis=0, mode="fill", fill_value=0).T
+
+        return GLMView(columns, aux.y, aux.offset, aux.params, 1.0), state.batch_state
+    ss = plan.ss
+    X = ss.design_fn(model_args, model_kwargs)({ss.coefficient: state.z[ss.coefficient]})
+    indices, batch_state = mb.draw(key, state.batch_state)
+    rows = indices[ss.plate.name]
+
+    def columns(cols):
+        return X.at[rows[:, None], cols[None, :]].get(mode="fill", fill_value=0)
+
+    params = {k: v[rows] for k, v in aux.params.items()}
+    view = GLMView(columns, aux.y[rows], aux.offset[rows], params, X.shape[0] / rows.shape[0])
+    return view, batch_state
+
+
+def bucket_move(plan, view, aux, theta, active, size, step_size, width):
+    """STEP 1 for a bucket of static ``width``: ``key -> (padded block, η, BlockMove fields)``."""
+    family = plan.ss.glm.family
+
+    def move(key):
+        cols = active[:width]
+        mask = jnp.arange(width) < size
+        Xa = view.columns(cols)
+        u = jnp.where(mask, theta.at[cols].get(mode="fill", fill_value=0), 0.0)
+        mu = aux.prior.slab_loc.at[cols].get(mode="fill", fill_value=0.0)
+        sd = jnp.where(mask, aux.prior.slab_scale.at[cols].get(mode="fill", fill_value=1.0), 1.0)
+        if plan.inner == "gaussian":
+            w = 1.0 / view.params["scale"] ** 2
+            u = gaussian_block_draw(key, Xa, w, view.y - view.offset, mu, sd, mask)
+            one = jnp.ones((), u.dtype)
+            acc, norm, finite = one, one, all_finite(u)  # no gradient: the guard norm's floor
+        else:
+            def logp_grad(v):
+                eta = view.offset + Xa @ v
+                lp = jnp.sum(jnp.where(mask, norm_logpdf(v, mu, sd), 0.0))
+                lp = lp + view.scale * jnp.sum(family.loglik(eta, view.y, view.params))
+                g = -(v - mu) / sd**2 + view.scale * (Xa.T @ family.dloglik(eta, view.y, view.params))
+                return lp, jnp.where(mask, g, 0.0)
+
+            u, acc, norm, finite = block_move(plan.inner, key, u, logp_grad, step_size,
+                                              mask.astype(u.dtype))
+        padded = jnp.zeros((plan.max_active,), u.dtype).at[:width].set(u)
+        return padded, view.offset + Xa @ u, acc, norm, finite
+
+    return move
+
+
+def glm_block_move(plan, view, aux, theta, active, size, step_size, key):
+    """STEP 1 on the fast path: the active block, padded to the smallest bucket that holds it,
+    is drawn exactly or moved by MALA / SGLD.  Returns ``(θ, η at β = θ·δ, acceptance
+    probability, guard norm, finite)``."""
+    branches = [bucket_move(plan, view, aux, theta, active, size, step_size, w) for w in plan.buckets]
+    which = jnp.searchsorted(jnp.asarray(plan.buckets), size)
+    u, eta, acc, norm, finite = lax.switch(which, branches, key)
+    return theta.at[active].set(u, mode="drop"), eta, acc, norm, finite
+
+
+def glm_indicator_update(plan, view, aux, theta, delta, eta, keys):
+    """STEP 2 on the fast path: returns (chosen, their old δ, their θ, their new δ)."""
+    k_sub, k_spike, k_ber = keys
+    J, family = plan.update_size, plan.ss.glm.family
+    chosen = draw_subset(k_sub, theta.shape[0], J)
+    d_J = delta[chosen]
+    prior = jax.tree.map(lambda a: a[chosen], aux.prior)
+    fresh = prior.spike_loc + prior.spike_scale * random.normal(k_spike, (J,), theta.dtype)
+    th_J = jnp.where(d_J == 1, theta[chosen], fresh)
+    lo = (prior.logit_prior + norm_logpdf(th_J, prior.slab_loc, prior.slab_scale)
+          - norm_logpdf(th_J, prior.spike_loc, prior.spike_scale))
+    X_J = view.columns(chosen)  # (n, J)
+    if plan.variant == "exact":
+        Xt_J = X_J.T
+
+        def conditional(eta, t):  # O(n): switch coordinate chosen[t] off, then on
+            eta0 = eta - d_J[t] * th_J[t] * Xt_J[t]
+            eta1 = eta0 + th_J[t] * Xt_J[t]
+            ll = family.loglik(eta1, view.y, view.params) - family.loglik(eta0, view.y, view.params)
+            return lo[t] + view.scale * jnp.sum(ll), eta1, eta0
+
+        V = sequential_sweep(k_ber, eta, conditional, J)[1]
+    else:
+        G, H = glm_async_gradient(X_J, eta, th_J, d_J, family, view.y, view.params, view.scale,
+                                  second=plan.taylor == "second", point=plan.point)
+        V = async_update(k_ber, lo, th_J, G, H, plan.taylor, plan.point)
+    return chosen, d_J, th_J, V
+
+
+def glm_iteration(plan, mb, state, model_args, model_kwargs):
+    """STEP 1 and STEP 2 on the fast path: ``(new state, guard norm, finite)``; an overflow of
+    the active list freezes the chain (``overflow``; the kernel's ``sample`` raises)."""
+    ss = plan.ss
+    key, k_sub, k_inner, k_spike, k_ber, k_batch, k_out = random.split(state.rng_key, 7)
+    view, batch_state = glm_view(plan, mb, state, model_args, model_kwargs, k_batch)
+    theta, delta = state.z[ss.coefficient], state.z[ss.indicator]
+    theta, eta, acc, norm, finite = glm_block_move(plan, view, state.aux, theta, state.active,
+                                                   state.model_size, state.step_size, k_inner)
+    chosen, d_J, th_J, V = glm_indicator_update(plan, view, state.aux, theta, delta, eta,
+                                                (k_sub, k_spike, k_ber))
+    delta, theta = delta.at[chosen].set(V), theta.at[chosen].set(th_J)
+    active, count = compact_active(state.active, delta, chosen, (d_J == 0) & (V == 1))
+    new = state._replace(
+        i=state.i + 1, z={ss.coefficient: theta, ss.indicator: delta, SPIKE_KEY: k_out},
+        accept_prob=acc, model_size=count, active=active, batch_state=batch_state, rng_key=key,
+    )
+    frozen = state._replace(i=state.i + 1, rng_key=key, overflow=jnp.array(True))
+    return freeze(count > plan.max_active, frozen, new), norm, finite

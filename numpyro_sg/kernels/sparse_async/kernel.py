@@ -1,0 +1,297 @@
+"""The NumPyro shell of SparseAsync: options, set-up once per data set, the pure step, output."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.flatten_util import ravel_pytree
+from numpyro.infer.util import constrain_fn
+
+from numpyro_sg.infer.minibatch import full_data, jit_with_data, with_indices
+from numpyro_sg.infer.model_info import trace_model
+from numpyro_sg.kernels.base import PerDataCache, SGKernel, split_init_key
+from numpyro_sg.kernels.sparse_async.options import SparseAsyncOptions, check_options
+from numpyro_sg.kernels.sparse_async.setup import SPIKE_KEY, initial_values, make_plan
+from numpyro_sg.kernels.sparse_async.step import SparseAsyncState, initial_state, sparse_async_step
+from numpyro_sg.spike_slab import find_spike_slab
+
+__all__ = ["SparseAsync"]
+
+
+class SparseAsync(SGKernel):
+    r"""Atchadé & Wang's (asynchronous) spike-and-slab sampler for a NumPyro model.
+
+    Atchadé & Wang (2023), "A fast asynchronous MCMC sampler for sparse Bayesian inference".
+    The target is π(δ, θ | data) ∝ π(δ)·∏_j p(θ_j | δ_j)·exp ℓ(θ·δ), δ ∈ {0,1}^p.  One
+    iteration, in every variant:
+
+    * **STEP 1** (continuous move): excluded θ_j (δ_j = 0) are drawn from the spike
+      p(θ_j | δ_j = 0); the active block [θ]_δ is moved for its conditional
+      π([θ]_δ | δ) ∝ p([θ]_δ | δ)·exp ℓ(θ·δ).
+    * **STEP 2** (indicators): a uniformly random set J of J = ``update_size`` coordinates is
+      chosen and δ_J redrawn, with a_j = logit π(δ_j=1) + log p(θ_j|1) − log p(θ_j|0).
+
+    ``variant="exact"`` (Alg. 1; asymptotically exact):
+        STEP 1 [θ]_δ ~ N(P⁻¹b, P⁻¹) exactly (``inner="gaussian"``: Gaussian likelihood through
+        X·β) or one MALA step θ* = θ + (ε/2)·∇log π(θ) + √ε·ξ accepted with probability
+        min(1, π(θ*)q(θ | θ*)/(π(θ)q(θ* | θ))) (``inner="mala"``); STEP 2 for j ∈ J in turn
+        δ_j ~ Bernoulli(sigmoid(a_j + ℓ(θ·δ^{(j,1)}) − ℓ(θ·δ^{(j,0)}))).
+    ``variant="async"`` (Alg. 2, default):
+        STEP 1 as ``"exact"``; STEP 2 all j ∈ J at once, δ_j ~ Bernoulli(sigmoid(a_j + θ_j·G_j
+        + Q_j)) independently, G = ∇_β ℓ(β) at β = θ·(δ ∨ 1_J) (``async_point="current"``) or
+        at δ with J off (``"excluded"``), Q_j set by ``taylor``.
+    ``variant="sgld"`` (Alg. 3, SA-SGLD):
+        STEP 1 one SGLD step θ' = θ + (ε/2)·ĝ(θ) + N(0, ε·I) on the active block, ĝ the
+        gradient with the likelihood of a mini-batch of B data scaled by N/B; STEP 2 as
+        ``"async"`` with Ĝ from the same mini-batch, scaled by N/B.
+
+    **Step size.** ε (``step_size``) is absolute: it multiplies the raw gradient of the log
+    density in the model's unconstrained coordinates (there is no preconditioner), in the MALA
+    proposal and the SGLD step alike.  The paper writes γ·∇ with noise √(2γ), so ε = 2γ (its
+    MALA γ = 0.01 is ε = 0.02, its SA-SGLD γ = 0.005 is ε = 0.01).  The MALA ε is adapted
+    during warmup only, by Robbins–Monro toward ``target_accept_prob``; the SGLD ε is fixed.
+    The module :mod:`numpyro_sg.kernels.sparse_async` describes the lazy spike draws and the
+    O(N·(size(δ) + J)) GLM fast path.
+
+    **Divergence.** Every variant calls the shared guard
+    (:func:`~numpyro_sg.kernels.guard.guarded_update`) once per iteration, on the gradient norm
+    1 + √(ε·mean_j g_j²) over the moved coordinates (:func:`~numpyro_sg.kernels.sparse_async.guard_norm`):
+    a chain whose state or gradient becomes non-finite or explodes is frozen at its last safe
+    point, ``diverging`` is True from then on and a
+    :class:`~numpyro_sg.DivergenceWarning` names the iteration.
+
+    An option that does not apply to the chosen variant (or to the STEP 1 move that
+    ``inner="auto"`` picks) is an error, not silently ignored.
+
+    :param model: NumPyro model with an indicator site (Bernoulli, shape (p,)), a coefficient
+        site (real, shape (p,), prior per coordinate given the indicator) and a likelihood that
+        depends on the coefficient only through their product (see
+        :mod:`numpyro_sg.spike_slab`).  ``"exact"`` and ``"async"`` use the full data (a
+        subsample plate is run at full size; a model without a plate is accepted);
+        ``"sgld"`` needs a subsample plate, whose size is the mini-batch B.
+    :param step_size: ε of the MALA step (``inner="mala"``) or of the SGLD step
+        (``variant="sgld"``), absolute (see above).  Default 0.02 for MALA and 0.01 for SGLD.
+        Held in the state (``state.hyper``), so :func:`numpyro_sg.mamba` can tune it over
+        vectorised arms.
+    :param str variant: ``"exact"``, ``"async"`` (default) or ``"sgld"``.
+    :param int update_size: J, the number of indicators updated per iteration (1 ≤ J ≤ p;
+        default min(100, p), the paper's J = 100).
+    :param str inner: STEP 1 move for ``"exact"``/``"async"``: ``"gaussian"`` (Gaussian
+        likelihood with a fixed scale through X·β and a Normal slab), ``"mala"``, or ``"auto"``
+        (default: gaussian when it applies, else MALA).  Not an option of ``"sgld"``.
+    :param taylor: Q_j of the asynchronous update: ``"first"`` (Q = 0), ``"sensitive"``
+        (Q = ½θ_j²G_j², the paper's eq. (6)) or ``"second"`` (Q = ±½θ_j²·abs(∂²ℓ/∂β_j²), exact
+        for a Gaussian likelihood).  Default: ``"first"`` for a Gaussian likelihood,
+        ``"sensitive"`` otherwise (see ``docs/sparse_async.md`` for the measured trade-offs).
+    :param str async_point: where G is evaluated: ``"current"`` (default; β = θ·(δ ∨ 1_J), the
+        authors' code) or ``"excluded"`` (the chosen ones off; the paper's eq. (7)).
+    :param int max_active: static size of the active-set index list of the fast path (default
+        min(p, 256)); exceeding it is an error that names this argument.
+    :param bool adapt_step_size: adapt the MALA ε during warmup (default True; MALA only).
+    :param float target_accept_prob: target MALA acceptance of the adaptation (default 0.5).
+    :param indicator: name of the indicator site (found automatically when omitted).
+    :param coefficient: name of the coefficient site (found automatically when omitted).
+    :param str fast_path: ``"auto"``, ``"glm"`` (require the GLM fast path; an error says why
+        it does not apply) or ``"generic"`` (dense evaluation of the model).
+    :param effective_name: output name of θ·δ (default ``"beta"``, or ``"<coefficient>_eff"``
+        when the model has a non-deterministic ``beta`` site).
+    :param subsample_size: the mini-batch B of ``"sgld"`` (default: the plate's own size).
+    :param bool replace: ``"sgld"`` draws its mini-batch indices with replacement (default)
+        or walks per-epoch permutations (``False``).
+    :param init_strategy: NumPyro init strategy of the continuous sites (default: θ from the
+        spike, δ = 0; pass ``init_params={..., "delta": δ0}`` to start from another model).
+    :param bool check_data: check at ``init`` that the data in the subsample plate are finite.
+
+    Output per draw (``mcmc.get_samples()``): θ (excluded coordinates drawn from the spike),
+    δ (int32), θ·δ.  Extra fields: ``model_size`` (size(δ)), ``step_size``, ``accept_prob``,
+    ``diverging``.
+
+    >>> import jax, numpyro_sg as nsg
+    >>> from numpyro.infer import MCMC
+    >>> from numpyro_sg import datasets as ds
+    >>> X, y, _ = ds.simulate_sparse_linear(8, num_data=50, num_nonzero=2, seed=0)
+    >>> kernel = nsg.SparseAsync(ds.sparse_async_linear_model, variant="async", update_size=4)
+    >>> mcmc = MCMC(kernel, num_warmup=100, num_samples=200, progress_bar=False)
+    >>> mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("model_size",))
+    >>> mcmc.get_samples()["beta"].shape, kernel.inner_kind
+    ((200, 8), 'gaussian')
+    """
+
+    State = SparseAsyncState
+    HYPERPARAMETERS = ("step_size",)
+
+    def __init__(self, model, step_size=None, *, variant="async", update_size=None, inner="auto",
+                 taylor=None, async_point=None, max_active=None, adapt_step_size=None,
+                 target_accept_prob=None, indicator=None, coefficient=None, fast_path="auto",
+                 effective_name=None, subsample_size=None, replace=None, init_strategy=None,
+                 check_data=True):
+        options = SparseAsyncOptions(step_size, variant, update_size, inner, taylor, async_point,
+                                     max_active, adapt_step_size, target_accept_prob, fast_path,
+                                     subsample_size, replace)
+        check_options(options)
+        super().__init__(model, subsample_size=subsample_size, replace=replace is not False,
+                         init_strategy=init_strategy, check_data=check_data)
+        # plain attributes, not one options object: a tuner batches kernels whose attributes
+        # differ only in the state hyperparameters (step_size)
+        for name in ("step_size", "variant", "update_size", "inner", "taylor", "async_point",
+                     "max_active", "adapt_step_size", "target_accept_prob", "fast_path"):
+            setattr(self, name, getattr(options, name))
+        self._replace_option = replace
+        self._sites = {"indicator": indicator, "coefficient": coefficient}
+        self._effective_name = effective_name
+        self._plan = None  # static metadata resolved at init (a Plan)
+        self._constants = None  # the fast path's constants (prior, offset, y, …), set at init
+        self._setup = PerDataCache()  # (plan, constants, Minibatcher) per data set
+
+    @property
+    def options(self) -> SparseAsyncOptions:
+        """The options given to the constructor (``None`` where the default applies)."""
+        return SparseAsyncOptions(
+            self.step_size, self.variant, self.update_size, self.inner, self.taylor,
+            self.async_point, self.max_active, self.adapt_step_size, self.target_accept_prob,
+            self.fast_path, self._subsample_size, self._replace_option,
+        )
+
+    # -- public metadata (known after ``init``) -----------------------------------------------
+    @property
+    def spike_slab(self):
+        """The :class:`~numpyro_sg.spike_slab.SpikeSlab` structure found at ``init``."""
+        return None if self._plan is None else self._plan.ss
+
+    @property
+    def uses_fast_path(self) -> bool:
+        """True when the O(N·(size(δ) + J)) GLM path is used (known after ``init``)."""
+        return self._plan is not None and self._plan.fast
+
+    @property
+    def inner_kind(self) -> str | None:
+        """The STEP 1 move in use: ``"gaussian"``, ``"mala"`` or ``"sgld"`` (after ``init``)."""
+        return None if self._plan is None else self._plan.inner
+
+    @property
+    def taylor_kind(self) -> str | None:
+        """The Q_j of the asynchronous update in use (after ``init``; ``None`` for ``"exact"``)."""
+        return None if self._plan is None else self._plan.taylor
+
+    @property
+    def effective_name(self) -> str | None:
+        """Output name of θ·δ (after ``init``)."""
+        return None if self._plan is None else self._plan.effective_name
+
+    def get_diagnostics_str(self, state):
+        msg = f"|δ| {int(jnp.max(state.model_size))}"
+        if self.inner_kind in ("mala", "sgld"):
+            msg += f", ε {float(jnp.mean(state.step_size)):.2e}, acc. {float(jnp.mean(state.accept_prob)):.2f}"
+        if bool(jnp.any(state.diverging)):
+            msg += ", DIVERGED"
+        return msg
+
+    # -- init ----------------------------------------------------------------------------------
+    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        self._num_warmup = int(num_warmup)
+        batched, rng_key, key_init = split_init_key(rng_key)
+        num_chains = jnp.shape(rng_key)[0] if batched else None
+        # chain_method="parallel" calls init under a trace: the structural work stays eager
+        with jax.ensure_compile_time_eval():
+            self._plan, self._constants, self._mb = self._setup.get(
+                model_args, model_kwargs, lambda: self._make_plan(model_args, model_kwargs))
+            params, delta = initial_values(self._plan, self._constants, key_init, init_params,
+                                           self._init_strategy, num_chains, model_args, model_kwargs)
+        self._check_initial_indicator(delta)
+        _, self._unravel = ravel_pytree(jax.tree.map(lambda x: x[0], params) if batched else params)
+        init_one = partial(initial_state, self._plan, self._mb)
+        if batched:
+            init_one = jax.vmap(init_one, in_axes=(0, 0, 0, None, None, None))
+        # the data arrays are arguments, not constants baked into the compiled program
+        state = jit_with_data(init_one, model_args, model_kwargs)(
+            params, delta.astype(jnp.int32), rng_key, self._constants)
+        self._sample_fn = self.sample
+        return state
+
+    def _make_plan(self, model_args, model_kwargs):
+        """``(plan, constants, Minibatcher)``: the structure found from one trace of the model."""
+        o = self.options
+        info = trace_model(self._model, model_args, model_kwargs)
+        # the GLM family is needed for the fast path and for the default taylor (Gaussian or not)
+        detect = o.fast_path != "generic" or (o.variant != "exact" and o.taylor is None)
+        ss = find_spike_slab(
+            self._model, model_args, model_kwargs, **self._sites, glm="auto" if detect else False,
+            subsample_size=self._subsample_size if o.variant == "sgld" else None, info=info,
+        )
+        return make_plan(o, ss, info, self._model, model_args, model_kwargs, check_data=self._check_data,
+                         replace=self._replace, effective_name=self._effective_name)
+
+    def _check_initial_indicator(self, delta):
+        if isinstance(delta, jax.core.Tracer):  # chain_method="parallel" traces init
+            return
+        plan, d = self._plan, np.asarray(delta)
+        if not np.all((d == 0) | (d == 1)):
+            raise ValueError(f"The initial indicator {plan.ss.indicator!r} must be 0/1.")
+        size = int(d.reshape(-1, plan.ss.num_coefficients).sum(-1).max())
+        if plan.fast and size > plan.max_active:
+            raise ValueError(
+                f"The initial indicator {plan.ss.indicator!r} has {size} active coordinates, "
+                f"more than max_active = {plan.max_active}; pass a larger max_active."
+            )
+
+    def _refresh(self, state):
+        """The current ε restarts from the (replaced) base value ``hyper.step_size``."""
+        return state._replace(step_size=jnp.asarray(state.hyper.step_size, jnp.result_type(state.step_size)))
+
+    # -- one iteration ---------------------------------------------------------------------------
+    def step(self, state, model_args, model_kwargs):
+        """One iteration of one chain (pure): STEP 1, STEP 2, ε adapted during warmup (MALA),
+        then the shared divergence guard (a blown-up chain is frozen, ``diverging``)."""
+        return sparse_async_step(self._plan, self._mb, self._unravel, self._num_warmup, state,
+                                 model_args, model_kwargs)
+
+    def sample(self, state, model_args, model_kwargs):
+        """One iteration of every chain (the shell's, which warns on a divergence), then the
+        active-list overflow check of the fast path."""
+        new = super().sample(state, model_args, model_kwargs)
+        if self._plan.fast:  # one check outside any vmap of the chains
+            newly = jnp.any(new.overflow & ~state.overflow)
+            lax.cond(newly, lambda: jax.debug.callback(self._raise_overflow, state.i), lambda: None)
+        return new
+
+    def _raise_overflow(self, iteration):
+        raise ValueError(
+            f"SparseAsync: at iteration {int(np.max(iteration)) + 1} the model size "
+            f"size({self._plan.ss.indicator}) would exceed max_active = {self._plan.max_active} (the "
+            "static size of the active-set index list of the fast path). Pass a larger max_active "
+            "(cost O(N·max_active) per iteration at worst) or fast_path='generic'."
+        )
+
+    # -- output --------------------------------------------------------------------------------
+    def postprocess_fn(self, model_args, model_kwargs):
+        """Constrained draws: θ with its excluded coordinates drawn from the spike (from the
+        key kept with the draw), δ, and θ·δ under :attr:`effective_name`."""
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        ss = self.spike_slab
+        if ss is None:
+            return lambda z: z
+        if ss.deterministic_in_plate and ss.plate is not None:
+            model = full_data(self._model, (ss.plate,))
+        else:
+            model = with_indices(self._model, ss.first_indices(1))
+        spike_fn = ss.spike_sample_fn(model_args, model_kwargs)
+        eff = self.effective_name
+
+        def postprocess(z):
+            z = dict(z)
+            delta = z.pop(ss.indicator)
+            key = z.pop(SPIKE_KEY)
+            out = constrain_fn(ss.conditioned(delta, model), model_args, model_kwargs, z, return_deterministic=True)
+            spike = spike_fn(key, out)
+            theta = jnp.where(delta == 1, out[ss.coefficient], spike.astype(out[ss.coefficient].dtype))
+            out[ss.coefficient] = theta
+            out[ss.indicator] = delta
+            out[eff] = theta * delta
+            return out
+
+        return postprocess
