@@ -1,4 +1,4 @@
-"""BPMF acceptance benchmark (issue #17): one kernel with defaults on a simulated ratings matrix.
+"""BPMF benchmark: one kernel with defaults on a simulated ratings matrix.
 
 Prints one JSON line: warmup-fit seconds, sampling iterations/s, test RMSE of the
 posterior-mean prediction and of the warmup's mode, the noise floor.  Peak memory: run under

@@ -5,14 +5,14 @@
     python benchmarks/bench_mamba.py --versus-grid --json out.json    # + grid search, plain KSD
 
 Problems (issue "MAMBA users can trust"): logistic regression d = 10, N = 100,000, prior
-N(0, 10·I) (paper 002 Appendix B.1), and Poisson regression d = 10, N = 200,000 (the model of
+N(0, 10·I) (Coullon, South & Nemeth 2023, Appendix B.1), and Poisson regression d = 10, N = 200,000 (the model of
 ``bench_vs_nuts.py``).  Coarse grids of 5 × 3 = 15 arms (two rounds at η = 3):
 
 * ``default``: ``nsg.SGLD(model)`` as the docs show it (warmup, Laplace preconditioner,
   control variates), step sizes {10, 1, 0.1, 0.01, 0.001} in the preconditioner's units
   (the default is 0.7, so 10 is an order of magnitude too large), subsample sizes
   {N/10, N/100, N/1000};
-* ``paper``: paper 002's SGLD (``preconditioner=None, gradient="plain"``), absolute step
+* ``paper``: Coullon, South & Nemeth's SGLD (``preconditioner=None, gradient="plain"``), absolute step
   sizes {10⁻³, …, 10⁻⁷}, the same subsample sizes.
 
 For each budget T and seed, ``nsg.mamba(..., time_budget=T)`` is timed (the whole call), and
@@ -22,7 +22,7 @@ and compared with NUTS on the full data (1 chain, 1,000 + 2,000, cached):
 ξ(σ̂) = ‖σ̂ − σ_NUTS‖/‖σ_NUTS‖ and the largest |mean − mean_NUTS|/sd_NUTS.
 
 ``--versus-grid`` adds, for seed 0 of each problem: ``nsg.grid_search`` at the same budget and
-at 3× it, and MAMBA with paper 002's plain KSD (``criterion="plain"``).
+at 3× it, and MAMBA with the plain KSD of Coullon, South & Nemeth (``criterion="plain"``).
 """
 
 import argparse

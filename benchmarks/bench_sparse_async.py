@@ -1,4 +1,4 @@
-"""SparseAsync (paper 003): speed per iteration and accuracy, exact vs async vs SA-SGLD.
+"""SparseAsync (Atchadé & Wang 2023): speed per iteration and accuracy, exact vs async vs SA-SGLD.
 
 Speed (``--part speed``): per-iteration time of the kernel's own step, measured by the
 *difference of two run lengths* of a jitted ``lax.fori_loop`` over ``kernel.sample`` (compiled

@@ -5,8 +5,8 @@
 
 Paper 002's logistic regression (Appendix B.1): d = 10, prior N(0, 10·I), simulated data.
 MAMBA (:func:`numpyro_sg.mamba`) picks SGLD's step size from decades in the units of its
-default Laplace preconditioner (posterior sds²; the default is 0.7) and the batch size from
-{10%, 1%, 0.1%} of N, then the corrected SGBD's absolute step size σ on paper 002's style of
+default Laplace preconditioner (posterior sds; the default is 0.7) and the batch size from
+{10%, 1%, 0.1%} of N, then the corrected SGBD's absolute step size σ on Coullon, South & Nemeth's (2023) style of
 grid (``preconditioner=None``).  The arms share one warmup (mode, Laplace scales,
 control-variate anchor) and start at draws of the Laplace approximation; they are scored by
 the KSD of their ESS-thinned draws (an estimate of their bias) with mini-batch scores, and
@@ -28,7 +28,7 @@ from numpyro.infer import MCMC
 import numpyro_sg as nsg
 from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
 
-PRIOR_SD = math.sqrt(10.0)  # paper 002 B.1: prior covariance 10·I
+PRIOR_SD = math.sqrt(10.0)  # Coullon, South & Nemeth (2023), Appendix B.1: prior covariance 10·I
 
 
 def model(X, y=None, subsample_size=1000):
@@ -55,11 +55,11 @@ def main(argv=None):
     N = args.num_data
     X, y, _ = simulate_logistic_regression(N, dim=10, seed=0)
     batches = [max(N // 10, 1), max(N // 100, 1), max(N // 1000, 1)]
-    sgld_steps = [10.0, 1.0, 0.1, 0.01, 0.001]  # posterior sds² (Laplace preconditioner)
+    sgld_steps = [10.0, 1.0, 0.1, 0.01, 0.001]  # posterior sds (Laplace preconditioner)
     sgbd_steps = [10.0**e for e in np.arange(-1.0, -4.01, -0.5)]  # absolute σ
     if args.quick:  # a 3 × 2 grid per kernel: checks that the script runs
         batches, sgld_steps, sgbd_steps = batches[:2], sgld_steps[::2][:3], sgbd_steps[1::2][:3]
-    classic = dict(preconditioner=None, gradient="plain")  # paper 002's absolute step sizes
+    classic = dict(preconditioner=None, gradient="plain")  # Coullon, South & Nemeth's absolute step sizes
     tuners = {
         "SGLD": (functools.partial(nsg.SGLD, model),
                  {"step_size": sgld_steps, "subsample_size": batches}),
