@@ -237,11 +237,16 @@ def ksd_u_statistic(x, s, *, c=1.0, beta=-0.5, preconditioner=None, num_blocks=N
     K = stein_kernel_matrix(x, s, c=c, beta=beta)
     np.fill_diagonal(K, 0.0)
     u = K.sum() / (T * (T - 1))
-    if num_blocks is not None:
-        return float(u), block_jackknife_se(K, num_blocks)
+    return float(u), (_hoeffding_se(K) if num_blocks is None else block_jackknife_se(K, num_blocks))
+
+
+def _hoeffding_se(K) -> float:
+    """The independent-draw se of KSD_U² from K (T, T) with a zero diagonal (see
+    :func:`ksd_u_statistic`)."""
+    T = K.shape[0]
     h = K.sum(axis=1) / (T - 1)
     var = 4.0 * h.var() / T + 2.0 * (K**2).sum() / (T * (T - 1)) / (T * (T - 1))
-    return float(u), float(np.sqrt(var))
+    return float(np.sqrt(var))
 
 
 def block_jackknife_se(K, num_blocks: int) -> float:
