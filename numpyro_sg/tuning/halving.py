@@ -100,7 +100,8 @@ class _Rounds:
 
     def play(self, rnd: int, rng_key) -> None:
         """Round ``rnd``: run, score, keep the best ⌊|S_i|/η⌋ arms (the best one without
-        halving; best first by :func:`~numpyro_sg.tuning.scoring.ranked`) and refill the batches' slots with forks of the survivors."""
+        halving; best first by :func:`~numpyro_sg.tuning.scoring.ranked`) and refill the
+        batches' slots with forks of the survivors."""
         live = [b for b in self.batches if any(a in self.alive for a in b.arm_ids)]
         iterations = self.run_chains(rnd, live)
         self.score(live)
