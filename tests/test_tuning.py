@@ -84,6 +84,24 @@ def test_criterion_tracks_bias_not_mixing(data, geometry, seed):
     assert good["ess"] < 100 and bad["ess"] > 1000  # AR(0.98): ≈ 2000/99
 
 
+def test_ranking_prefers_the_faster_arm_within_noise():
+    """Scores within 2·√(se_a² + se_b²) of the best: the mixed arm with the most ESS per
+    second goes first (as the ε = 0.01 and ε = 3 arms of the test below, whose scores on a
+    Gaussian posterior differ by less than their noise while ε = 3 mixes ~40× faster); an
+    arm clearly worse keeps its place by score, and an arm that is not mixed goes first
+    only if nothing mixed is within its noise."""
+    from numpyro_sg.tuning.scoring import ranked
+
+    def r(score, se, ess, mixed=True):
+        return {"score": score, "se": se, "ess": ess, "mixed": mixed}
+
+    results = {0: r(0.0047, 0.0047, 500), 1: r(0.0148, 0.008, 20_000),  # within noise
+               2: r(0.30, 0.01, 50_000),                                 # fast but biased
+               3: r(0.010, 0.5, 5, mixed=False), 4: r(np.inf, np.nan, 0.0, False)}
+    assert ranked(range(5), results, np.ones(5)) == [1, 0, 2, 3, 4]
+    assert ranked(range(5), results, np.array([1.0, 100.0, 1.0, 1.0, 1.0]))[0] == 0
+
+
 def test_mamba_finds_planted_arm_within_budget(data):
     X, y = data
     grid = {"step_size": PLANTED, "subsample_size": [100, 50]}  # 10 arms, 2 rounds

@@ -67,6 +67,7 @@ __all__ = [
     "ksd_per_coordinate",
     "stein_kernel_matrix",
     "ksd_u_statistic",
+    "block_jackknife_se",
     "default_path_steps",
     "ksd_path",
 ]
@@ -177,23 +178,40 @@ def ksd_per_coordinate(x, score=None, *, scores=None, c=1.0, beta=-0.5, precondi
     return signed_sqrt(sq)
 
 
-def ksd_u_statistic(x, s, *, c=1.0, beta=-0.5, preconditioner=None) -> tuple[float, float]:
+def ksd_u_statistic(x, s, *, c=1.0, beta=-0.5, preconditioner=None, num_blocks=None) -> tuple[float, float]:
     """KSD_U² = (1/(T(T−1)))·Σ_{t≠t'} k_π(x_t, x_t') and its standard error.
 
     Unbiased for KSD²(q) when the draws are independent from q, even when the scores are
     unbiased *stochastic* estimates with independent noise per draw (the stochastic Stein
     discrepancy of Gorham, Raj & Mackey (2020), "Stochastic Stein discrepancies": k_π is
     linear in each of s(x), s(y), and the diagonal, the only term where the noise enters
-    squared, is left out).  The standard error is the U-statistic's (Hoeffding): se² = 4·Var_t(h_t)/T + 2·mean_{t≠t'}(k_π²)/(T(T−1)),
-    h_t = (1/(T−1))·Σ_{t'≠t} k_π(x_t, x_t').
+    squared, is left out).
 
-    :param x: draws (T, d), T ≥ 2.
+    Standard error, ``num_blocks=None`` (independent draws): the U-statistic's (Hoeffding),
+    se² = 4·Var_t(h_t)/T + 2·mean_{t≠t'}(k_π²)/(T(T−1)), h_t = (1/(T−1))·Σ_{t'≠t} k_π(x_t, x_t').
+    It ignores autocorrelation: on a chain it can be many times too small.
+
+    ``num_blocks=B`` (dependent draws, in chain order; several chains concatenated): the
+    delete-a-block jackknife of Künsch (1989), "The jackknife and the bootstrap for general
+    stationary observations".  The draws are cut into B contiguous blocks; U_(−b) is
+    KSD_U² of the draws without block b, and
+    se² = ((B−1)/B)·Σ_b (U_(−b) − Ū)², Ū = (1/B)·Σ_b U_(−b).
+    It accounts for the autocorrelation within a block (blocks should be at least the
+    chain's autocorrelation time long: on AR(1) chains with ρ = 0.98, time ≈ 99, the spread
+    of KSD_U² over replicate chains was 0.93× the mean se with 2,000 draws in 20 blocks and
+    1.12× with 1,000 draws in 10, against 6.5–7.5× the independent-draw se) and, on
+    independent draws, is somewhat conservative (~1.4× the spread at q = π, the Hoeffding
+    se ~1.75×).
+
+    :param x: draws (T, d), T ≥ 2 (T ≥ 2·B with ``num_blocks``).
     :param s: scores at the draws (T, d), exact or stochastic.
     :param preconditioner: an array of (d,) scales (x → x/scale, s → s·scale) or ``None``.
+    :param num_blocks: ``None`` (independent draws) or the number B ≥ 2 of contiguous blocks
+        of the block jackknife.
     :return: ``(KSD_U², se)``, floats (KSD_U² may be negative).
 
     **Example:** exact draws from N(0, I) score ≈ 0 (within a few se) against N(0, I) and
-    clearly positive against N(1, I).
+    clearly positive against N(1, I); on an autocorrelated chain the block se is the larger.
 
     >>> import numpy as np
     >>> from numpyro_sg.diagnostics.ksd import ksd_u_statistic
@@ -202,18 +220,43 @@ def ksd_u_statistic(x, s, *, c=1.0, beta=-0.5, preconditioner=None) -> tuple[flo
     >>> u1, se1 = ksd_u_statistic(x, -(x - 1.0))
     >>> bool(abs(u0) < 3 * se0 and u1 > 10 * se1)
     True
+    >>> chain = np.cumsum(x, axis=0) * 0.05   # a slowly moving path
+    >>> bool(ksd_u_statistic(chain, -chain, num_blocks=20)[1] > ksd_u_statistic(chain, -chain)[1])
+    True
     """
     check_kernel_args(c, beta, "u")
     x = np.asarray(x, np.float64)
     s = np.asarray(s, np.float64)
     if x.ndim != 2 or x.shape != s.shape or x.shape[0] < 2:
         raise ValueError(f"x and s must have one shape (T, d) with T ≥ 2; got {x.shape} and {s.shape}.")
+    T = x.shape[0]
+    if num_blocks is not None and not (isinstance(num_blocks, (int, np.integer)) and 2 <= num_blocks <= T // 2):
+        raise ValueError(f"num_blocks must be None or an integer in [2, T/2] = [2, {T // 2}]; got {num_blocks!r}.")
     if preconditioner is not None:
         x, s = precondition(x, s, np.asarray(preconditioner, np.float64))
-    T = x.shape[0]
     K = stein_kernel_matrix(x, s, c=c, beta=beta)
     np.fill_diagonal(K, 0.0)
     u = K.sum() / (T * (T - 1))
+    return float(u), (_hoeffding_se(K) if num_blocks is None else block_jackknife_se(K, num_blocks))
+
+
+def _hoeffding_se(K) -> float:
+    """The independent-draw se of KSD_U² from K (T, T) with a zero diagonal (see
+    :func:`ksd_u_statistic`)."""
+    T = K.shape[0]
     h = K.sum(axis=1) / (T - 1)
     var = 4.0 * h.var() / T + 2.0 * (K**2).sum() / (T * (T - 1)) / (T * (T - 1))
-    return float(u), float(np.sqrt(var))
+    return float(np.sqrt(var))
+
+
+def block_jackknife_se(K, num_blocks: int) -> float:
+    """The delete-a-block jackknife se of KSD_U² from its Stein kernel matrix K (T, T) with a
+    zero diagonal: se² = ((B−1)/B)·Σ_b (U_(−b) − Ū)² over B contiguous blocks (see
+    :func:`ksd_u_statistic`); each U_(−b) comes from the B×B matrix of block sums."""
+    T = K.shape[0]
+    edges = np.linspace(0, T, num_blocks + 1).astype(int)
+    S = np.add.reduceat(np.add.reduceat(K, edges[:-1], axis=0), edges[:-1], axis=1)
+    m = np.diff(edges)
+    left_out = (S.sum() - 2.0 * S.sum(axis=1) + np.diag(S)) / ((T - m) * (T - m - 1))
+    B = num_blocks
+    return float(np.sqrt((B - 1) / B * np.sum((left_out - left_out.mean()) ** 2)))

@@ -20,8 +20,12 @@ Choices made here (each measured and documented in ``docs/tuning.md``):
   scored by the U-statistic KSD_U², an unbiased estimate of KSD² of the distribution the arm samples — its bias — with
   no term for autocorrelation.  The ranking key is max(KSD_U², 0) plus its standard error —
   bias² plus Monte Carlo uncertainty, like a mean squared error — so an arm with few
-  effective draws (not mixed, or frozen) cannot win by luck, and among arms without a
-  detectable bias the one with the most effective draws wins.
+  effective draws (not mixed, or frozen) cannot win by luck.  The standard error is the
+  delete-a-block jackknife over contiguous blocks of the draws (Künsch (1989), "The jackknife
+  and the bootstrap for general stationary observations"), which holds when the thinning
+  leaves autocorrelation.  Arms whose scores are within twice their combined se of the best
+  remaining one do not differ detectably in bias; of those, the mixed arm with the most
+  effective draws per second goes first (:func:`~numpyro_sg.tuning.scoring.ranked`).
   ``criterion="plain"`` is the paper's KSD (V-statistic of all thinned draws), the kernel
   Stein discrepancy of Gorham & Mackey (2017), "Measuring sample quality with kernels".
 * **Scores from mini-batches.**  KSD needs ∇ log π at each scored draw; with the full data

@@ -20,7 +20,7 @@ from jax import random
 
 from numpyro_sg.tuning.preparation import build, check_arguments, compile_all, num_halving_rounds
 from numpyro_sg.tuning.result import TuningResult, arm_idata
-from numpyro_sg.tuning.scoring import num_draws, unscored
+from numpyro_sg.tuning.scoring import num_draws, ranked, unscored
 
 __all__ = ["mamba", "grid_search"]
 
@@ -100,11 +100,12 @@ class _Rounds:
 
     def play(self, rnd: int, rng_key) -> None:
         """Round ``rnd``: run, score, keep the best ⌊|S_i|/η⌋ arms (the best one without
-        halving) and refill the batches' slots with forks of the survivors."""
+        halving; best first by :func:`~numpyro_sg.tuning.scoring.ranked`) and refill the
+        batches' slots with forks of the survivors."""
         live = [b for b in self.batches if any(a in self.alive for a in b.arm_ids)]
         iterations = self.run_chains(rnd, live)
         self.score(live)
-        order = sorted(self.alive, key=lambda a: (self.results[a]["score"], a))
+        order = ranked(self.alive, self.results, self.charged)
         survivors = order[: max(len(self.alive) // self.eta, 1)] if self.halving else order[:1]
         self.record(rnd, iterations, survivors)
         self.alive = survivors

@@ -124,6 +124,10 @@ def compile_all(batches, scorer) -> tuple[float, float]:
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         list(pool.map(Batch.compile, [b.lower() for b in batches]))
     dummy = jax.tree.map(lambda v: np.repeat(np.asarray(v)[:1, None], 8, axis=1), batches[0].state.z)
+    if not scorer.scores.discrete_sites:  # distinct draws, so that the dummy is scored (compiled)
+        jitter = np.random.default_rng(0).normal
+        dummy = {k: v + 1e-3 * jitter(size=v.shape) if k in scorer.scores.continuous_sites else v
+                 for k, v in dummy.items()}
     scorer.score([dummy])  # compiles
     t1 = time.perf_counter()
     scorer.score([dummy])

@@ -24,10 +24,12 @@ from numpyro_sg.diagnostics.ksd import ksd, ksd_u_statistic, signed_sqrt
 from numpyro_sg.diagnostics.model_scores import ModelScores
 from numpyro_sg.infer.minibatch import Anchor
 
-__all__ = ["MIN_ESS", "Scorer", "pooled", "num_draws", "unscored", "even_indices"]
+__all__ = ["MIN_ESS", "NUM_BLOCKS", "Scorer", "pooled", "num_draws", "unscored", "even_indices", "ranked"]
 
 #: arms with fewer effective draws than this are reported as not mixed (``rounds["mixed"]``)
 MIN_ESS = 20
+#: contiguous blocks of an arm's scored draws (in chain order) for the block-jackknife se
+NUM_BLOCKS = 20
 
 
 class Scorer:
@@ -36,7 +38,9 @@ class Scorer:
     ``criterion="ess"``: the U-statistic KSD² of the arm's draws thinned to about one draw per
     effective sample (so the draws are nearly independent and KSD_U² estimates the bias part,
     KSD² of the distribution the arm samples, without a penalty for autocorrelation), plus its
-    standard error; stochastic control-variate scores when the warmup's fit is known (a
+    standard error — the delete-a-block jackknife over :data:`NUM_BLOCKS` contiguous blocks
+    of the scored draws in chain order (:func:`~numpyro_sg.diagnostics.ksd.ksd_u_statistic`
+    with ``num_blocks``), which holds when the thinning leaves autocorrelation; stochastic control-variate scores when the warmup's fit is known (a
     gradient kernel), else full-data scores.  ``criterion="plain"``: the V-statistic KSD of
     Coullon, South & Nemeth (2023) (or FSSD, or the user's metric) of all thinned draws with
     full-data scores.
@@ -165,13 +169,14 @@ class Scorer:
         discrete = {k: np.concatenate([f[1][k] for f in flat]) for k in self.scores.discrete_sites}
         keep = even_indices(x.shape[0], self.score_draws)
         x, discrete = x[keep], {k: v[keep] for k, v in discrete.items()}
-        if x.shape[0] < 2:
+        if x.shape[0] < 4:
             return {**unscored(), "ess": ess}
         s = self._score_points(x, discrete)
         if not np.all(np.isfinite(s)):
             return unscored(diverged=True)
         options = {k: v for k, v in self.ksd_options.items() if k in ("c", "beta")}
-        u, se = ksd_u_statistic(x, s, preconditioner=self.scales, **options)
+        u, se = ksd_u_statistic(x, s, preconditioner=self.scales,
+                                num_blocks=min(NUM_BLOCKS, x.shape[0] // 2), **options)
         return {"score": max(u, 0.0) + se, "ksd": float(signed_sqrt(u)), "se": se, "ess": ess,
                 "mixed": ess >= MIN_ESS, "diverged": False, "stein": (x, s)}
 
@@ -219,3 +224,35 @@ def even_indices(num: int, at_most: int | None) -> np.ndarray:
     return np.unique(np.round(np.linspace(0, num - 1, at_most)).astype(int))
 
 
+
+
+def ranked(arms, results: dict, seconds) -> list:
+    """``arms`` best first: by score, except that among arms whose scores are within noise
+    the faster-mixing one goes first.
+
+    Repeatedly, of the arms not yet placed, take the one with the lowest score a; the
+    candidates are the mixed arms b (ESS ≥ :data:`MIN_ESS`) with
+    score_b − score_a < 2·√(se_a² + se_b²) (a itself included); place the candidate with the
+    most effective draws per second of chain time (ESS/``seconds[b]``), or a when there is
+    none.  Scores that differ by less than twice their combined standard error do not tell
+    the arms' biases apart, and then the arm that mixes faster gives more accuracy per second
+    (the criterion of equal-time comparisons in Coullon, South & Nemeth (2023), "Efficient and
+    generalizable tuning strategies for stochastic gradient MCMC").  Ties on everything go
+    to the lower arm index.
+
+    :param arms: arm indices.
+    :param dict results: ``{arm: score dict}`` (``score``, ``se``, ``ess``, ``mixed``).
+    :param seconds: chain seconds charged to each arm, indexable by arm.
+    """
+    left = sorted(arms, key=lambda a: (results[a]["score"], a))
+    order = []
+    while left:
+        a = left[0]
+        noise_a = results[a]["se"] if np.isfinite(results[a]["se"]) else 0.0
+        close = [b for b in left if results[b]["mixed"] and np.isfinite(results[b]["score"])
+                 and np.isfinite(results[b]["se"])
+                 and results[b]["score"] - results[a]["score"] < 2.0 * math.hypot(noise_a, results[b]["se"])]
+        pick = max(close, key=lambda b: (results[b]["ess"] / max(seconds[b], 1e-9), -b)) if close else a
+        order.append(pick)
+        left.remove(pick)
+    return order
