@@ -68,6 +68,7 @@ from numpyro_sg.kernels.esgld.informed import (
 from numpyro_sg.kernels.esgld.kernel import ESGLD
 from numpyro_sg.kernels.esgld.options import (
     DEFAULT_STEP_SIZE,
+    PLAIN_LAPLACE_STEP_SIZE,
     DEFAULT_WEIGHT_ROWS,
     PAPER_STEP_SIZE,
     ESGLDHyper,
@@ -108,7 +109,7 @@ from numpyro_sg.spike_slab import init_to_spike
 __all__ = [
     "ESGLD", "ESGLDState", "ESGLDHyper", "ESGLDSetup", "ESGLDOptions", "esgld_step", "esgld_initial_state",
     "esgld_hyperparameters", "resolve_algorithm", "anchor_iterations", "guard_norm",
-    "DEFAULT_STEP_SIZE", "PAPER_STEP_SIZE", "DEFAULT_WEIGHT_ROWS",
+    "DEFAULT_STEP_SIZE", "PLAIN_LAPLACE_STEP_SIZE", "PAPER_STEP_SIZE", "DEFAULT_WEIGHT_ROWS",
     # the paper's reversible-jump chain and its weights
     "move_probabilities", "propose_move", "apply_proposal", "Proposal", "penalty", "acceptance_probability",
     "IndicatorTarget", "IndicatorChain", "rjmh_indicator_chain",
