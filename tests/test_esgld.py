@@ -578,10 +578,13 @@ def test_options_that_do_not_apply_raise(small_data):
         ESGLD(lin_model, 1e-4, warmup_options={})
     with pytest.raises(ValueError, match="preconditioner"):
         ESGLD(lin_model, 1e-4, preconditioner="diagonal")
-    for option in ("proposal", "gradient", "preconditioner"):
-        good = {"proposal": "informed", "gradient": "cv", "preconditioner": "laplace"}[option]
+    for option in ("proposal", "gradient"):
+        good = {"proposal": "informed", "gradient": "cv"}[option]
         with pytest.raises(ValueError, match=f"{option}='{good}' needs a GLM likelihood"):
             run(ESGLD(lin_model, 1e-4, fast_path="generic", **{option: good}))
+    kernel = ESGLD(lin_model, 0.1, fast_path="generic", preconditioner="laplace")
+    run(kernel)  # without the anchor: the Laplace step of the model's own curvature
+    assert kernel.setup.laplace_index is not None and not kernel.setup.anchored
     with pytest.raises(ValueError, match="weight_rows"):
         ESGLD(lin_model, 1e-4, proposal_weights="uniform", weight_rows=100)
     with pytest.raises(ValueError, match="full batch"):  # lin_model's plate is full-batch
@@ -595,7 +598,8 @@ def test_options_that_do_not_apply_raise(small_data):
 @pytest.mark.parametrize("model_name,options", [
     ("linear", {}),
     ("size", {"proposal_weights": "deviance"}),
-    ("linear", {"fast_path": "generic", "proposal_weights": "uniform"}),
+    # the paper's algorithm (the default without the anchor adds the warmup's mode search)
+    ("linear", {"fast_path": "generic", "proposal_weights": "uniform", "preconditioner": None}),
 ])
 def test_init_runs_the_model_at_most_three_times(model_name, options, small_data):
     """The model function is called once by the trace, once by the vectorised checks and once

@@ -287,7 +287,8 @@ class _TunedESGLD(nsg.ESGLD):
         super().__init__(spike_slab_model, step_size, max_model_size=4, subsample_size=50)
 
 
-@pytest.mark.parametrize("form", ["partial", "lambda", "class"])
+@pytest.mark.parametrize("form", ["partial", pytest.param("lambda", marks=pytest.mark.slow),
+                                  pytest.param("class", marks=pytest.mark.slow)])
 def test_mamba_tunes_esgld_with_its_defaults_for_any_factory_form(form):
     """ESGLD's defaults (the Laplace step) and the tuner's (the Laplace score scales) together,
     whatever the factory: it used to raise that only the gradient kernels have Laplace scales."""
