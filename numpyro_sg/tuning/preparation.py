@@ -10,14 +10,12 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import random
-from numpyro.handlers import condition
 
 from numpyro_sg.infer.warmup import fit_model_mode, starting_points
+from numpyro_sg.kernels.esgld.warmup import full_model_sds
 from numpyro_sg.kernels.gradient import GradientKernel
-from numpyro_sg.spike_slab import find_spike_slab
 from numpyro_sg.tuning.arms import grid_arms, make_kernels
 from numpyro_sg.tuning.batches import Batch, make_batches
 from numpyro_sg.tuning.scoring import Scorer
@@ -85,15 +83,8 @@ def score_scales(preconditioner, geometry, probe, model, model_args, model_kwarg
     if not (isinstance(preconditioner, str) and preconditioner == "laplace") or geometry is not None:
         return preconditioner
     options = getattr(probe, "options", None)
-    ss = find_spike_slab(model, model_args, model_kwargs, check=False,
-                         indicator=getattr(options, "indicator", None),
-                         coefficient=getattr(options, "coefficient", None))
-    full = condition(model, {ss.indicator: jnp.ones((ss.num_coefficients,), jnp.int32)})
-    fit = fit_model_mode(full, model_args, model_kwargs)[0]
-    P = fit.preconditioner
-    if P.chol is not None:
-        return np.sqrt(np.sum(np.square(np.asarray(P.chol)), axis=1))
-    return np.asarray(P.scale)
+    return full_model_sds(model, model_args, model_kwargs, indicator=getattr(options, "indicator", None),
+                          coefficient=getattr(options, "coefficient", None))
 
 
 def starting_states(init_params, geometry, num_arms, rng_key):

@@ -28,9 +28,10 @@ from jax.flatten_util import ravel_pytree
 from numpyro.handlers import condition
 
 from numpyro_sg.infer.warmup import fit_model_mode
+from numpyro_sg.spike_slab import find_spike_slab
 
 __all__ = ["LaplaceScales", "initial_mode", "coefficient_index", "laplace_scales", "prior_curvature",
-           "warmup_step_scale", "start_at_mode"]
+           "warmup_step_scale", "start_at_mode", "full_model_sds"]
 
 
 class LaplaceScales(NamedTuple):
@@ -108,3 +109,24 @@ def start_at_mode(mode, index, flat):
     """The flat start with every continuous coordinate but θ moved to ``mode`` (θ keeps its
     value: the draw from the spike that the search on γ starts from)."""
     return mode.astype(flat.dtype).at[index].set(flat[index])
+
+
+def full_model_sds(model, model_args=(), model_kwargs=None, *, indicator=None, coefficient=None):
+    """The Laplace sds (a NumPy array over the flat unconstrained continuous sites) at the mode
+    of a spike-and-slab model's full model, every indicator on (each coefficient under its
+    slab: the scale of a selected effect); the tuners' common score scale for ESGLD and
+    SparseAsync.
+
+    **Example:**
+
+    .. code-block:: python
+
+        scales = full_model_sds(model, (X, y))
+    """
+    ss = find_spike_slab(model, model_args, model_kwargs, check=False, indicator=indicator,
+                         coefficient=coefficient)
+    full = condition(model, {ss.indicator: jnp.ones((ss.num_coefficients,), jnp.int32)})
+    P = fit_model_mode(full, model_args, model_kwargs)[0].preconditioner
+    if P.chol is not None:
+        return np.sqrt(np.sum(np.square(np.asarray(P.chol)), axis=1))
+    return np.asarray(P.scale)
