@@ -56,7 +56,8 @@ class ESGLD(SGKernel):
     **Step size.** ``step_size`` is in the preconditioner's units: with the default Laplace
     scaling (``preconditioner="laplace"``) it is h, in units of each coefficient's
     conditional posterior sd (the injected noise of θ_j has sd √(h·τ) posterior sds; ``None``:
-    :data:`~numpyro_sg.kernels.esgld.options.DEFAULT_STEP_SIZE` = 0.25).  With
+    :data:`~numpyro_sg.kernels.esgld.options.DEFAULT_STEP_SIZE` = 0.25; 0.1 without the
+    control-variate anchor, see ``preconditioner``).  With
     ``preconditioner=None, gradient="plain"`` it is the paper's absolute step ε (``None``:
     :data:`~numpyro_sg.kernels.esgld.options.PAPER_STEP_SIZE` = 1e-6; the paper uses ε ≈ 1/N
     or smaller).  A float, an array over the flat unconstrained continuous sites, or a
@@ -91,9 +92,13 @@ class ESGLD(SGKernel):
     :param gradient: ``"auto"`` (``"cv"`` where ``"informed"`` applies, else ``"plain"``),
         ``"cv"`` (control-variate gradient around the anchor, at the last model γ_m) or
         ``"plain"`` (the paper's model-averaged mini-batch gradient).
-    :param preconditioner: ``"auto"`` (``"laplace"`` where ``"informed"`` applies, else
-        ``None``), ``"laplace"`` (step in units of the conditional posterior variance) or
-        ``None`` (absolute step).  The informed proposal, ``"cv"`` and ``"laplace"`` carry a
+    :param preconditioner: ``"auto"`` (``"laplace"``), ``"laplace"`` (step in units of the
+        conditional posterior variance) or ``None`` (absolute step).  Where the anchor does not
+        apply (another continuous site such as an intercept, or a likelihood that is not a
+        GLM) the Laplace step reads the model's own full-data curvature and the other
+        continuous sites start at the mode with γ = 0 (:mod:`~numpyro_sg.kernels.esgld.warmup`;
+        default h = :data:`~numpyro_sg.kernels.esgld.options.PLAIN_LAPLACE_STEP_SIZE` = 0.1,
+        the mini-batch gradient being plain).  The informed proposal, ``"cv"`` and ``"laplace"`` carry a
         control-variate anchor (g and H of the full data at β̂, computed at iteration 0 and,
         for a non-Gaussian likelihood, again at iteration 100 at the chain's current β:
         :func:`~numpyro_sg.kernels.esgld.options.anchor_iterations`; O(N·p²) each, p² floats of
