@@ -25,7 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
+from jax import random
+from jax.scipy.optimize import minimize
 from numpyro.handlers import condition
+from numpyro.infer import init_to_median
+from numpyro.infer.util import initialize_model
 
 from numpyro_sg.infer.warmup import fit_model_mode
 from numpyro_sg.spike_slab import find_spike_slab
@@ -126,7 +130,24 @@ def full_model_sds(model, model_args=(), model_kwargs=None, *, indicator=None, c
     ss = find_spike_slab(model, model_args, model_kwargs, check=False, indicator=indicator,
                          coefficient=coefficient)
     full = condition(model, {ss.indicator: jnp.ones((ss.num_coefficients,), jnp.int32)})
+    if ss.plate is None or ss.plate.subsample_size is None:  # no mini-batches: a dense Laplace fit
+        return _dense_laplace_sds(full, model_args, model_kwargs)
     P = fit_model_mode(full, model_args, model_kwargs)[0].preconditioner
     if P.chol is not None:
         return np.sqrt(np.sum(np.square(np.asarray(P.chol)), axis=1))
     return np.asarray(P.scale)
+
+
+def _dense_laplace_sds(model, model_args, model_kwargs):
+    """Laplace sds of a model without a subsample plate: BFGS to the mode of the full-data
+    log density, then the dense Hessian there (the models such kernels run on are small)."""
+    init = initialize_model(random.PRNGKey(0), model, model_args=model_args,
+                            model_kwargs=model_kwargs or {}, init_strategy=init_to_median())
+    flat, unravel = ravel_pytree(init.param_info.z)
+
+    def potential(x):
+        return init.potential_fn(unravel(x))
+
+    mode = minimize(potential, flat, method="BFGS").x
+    cov = jnp.linalg.inv(jax.hessian(potential)(mode))
+    return np.sqrt(np.abs(np.diag(np.asarray(cov))))
