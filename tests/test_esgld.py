@@ -578,10 +578,13 @@ def test_options_that_do_not_apply_raise(small_data):
         ESGLD(lin_model, 1e-4, warmup_options={})
     with pytest.raises(ValueError, match="preconditioner"):
         ESGLD(lin_model, 1e-4, preconditioner="diagonal")
-    for option in ("proposal", "gradient", "preconditioner"):
-        good = {"proposal": "informed", "gradient": "cv", "preconditioner": "laplace"}[option]
+    for option in ("proposal", "gradient"):
+        good = {"proposal": "informed", "gradient": "cv"}[option]
         with pytest.raises(ValueError, match=f"{option}='{good}' needs a GLM likelihood"):
             run(ESGLD(lin_model, 1e-4, fast_path="generic", **{option: good}))
+    kernel = ESGLD(lin_model, 0.1, fast_path="generic", preconditioner="laplace")
+    run(kernel)  # without the anchor: the Laplace step of the model's own curvature
+    assert kernel.setup.laplace_index is not None and not kernel.setup.anchored
     with pytest.raises(ValueError, match="weight_rows"):
         ESGLD(lin_model, 1e-4, proposal_weights="uniform", weight_rows=100)
     with pytest.raises(ValueError, match="full batch"):  # lin_model's plate is full-batch
@@ -595,7 +598,8 @@ def test_options_that_do_not_apply_raise(small_data):
 @pytest.mark.parametrize("model_name,options", [
     ("linear", {}),
     ("size", {"proposal_weights": "deviance"}),
-    ("linear", {"fast_path": "generic", "proposal_weights": "uniform"}),
+    # the paper's algorithm (the default without the anchor adds the warmup's mode search)
+    ("linear", {"fast_path": "generic", "proposal_weights": "uniform", "preconditioner": None}),
 ])
 def test_init_runs_the_model_at_most_three_times(model_name, options, small_data):
     """The model function is called once by the trace, once by the vectorised checks and once
@@ -716,3 +720,59 @@ def test_paper_tables_with_the_default(which, seed, mse1, mse0):
     m = nsg.selection_summary(mcmc, beta, thin=10).attrs
     assert m["FSR"] == 0 and m["NSR"] == 0, m
     assert m["MSE1"] <= mse1 and m["MSE0"] <= mse0, m
+
+
+# -- defaults on real, nearly separable data: the start and the Laplace step without an anchor --
+
+def _breast_cancer_model(X, y=None):
+    """Spike-and-slab logistic regression with an intercept, written as a user would."""
+    N, p = X.shape
+    gamma = numpyro.sample("gamma", dist.Bernoulli(0.1).expand([p]).to_event(1))
+    theta = numpyro.sample("theta", dist.Normal(0.0, jnp.where(gamma == 1, 5.0, 0.01)).to_event(1))
+    intercept = numpyro.sample("intercept", dist.Normal(0.0, 5.0))
+    beta = numpyro.deterministic("beta", theta * gamma)
+    with numpyro.plate("data", N, subsample_size=100):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = numpyro.subsample(y, event_dim=0) if y is not None else None
+        numpyro.sample("y", dist.Bernoulli(logits=intercept + Xb @ beta), obs=yb)
+
+
+def _logistic_model(X, y):
+    b = numpyro.sample("b", dist.Normal(0.0, 5.0).expand([X.shape[1]]).to_event(1))
+    intercept = numpyro.sample("intercept", dist.Normal(0.0, 5.0))
+    numpyro.sample("y", dist.Bernoulli(logits=intercept + X @ b), obs=y)
+
+
+def _check_breast_cancer(num_warmup, num_samples):
+    datasets_module = pytest.importorskip("sklearn.datasets")
+    X, y = datasets_module.load_breast_cancer(return_X_y=True)
+    X = ((X - X.mean(0)) / X.std(0)).astype(np.float32)
+    y = y.astype(np.float32)
+    mcmc = MCMC(nsg.ESGLD(_breast_cancer_model), num_warmup=num_warmup, num_samples=num_samples,
+                progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y)
+    s = mcmc.get_samples()
+    assert not np.asarray(mcmc.get_extra_fields()["diverging"]).any()
+    gamma = np.asarray(s["gamma"])
+    selected = np.nonzero(gamma.mean(0) > 0.5)[0]
+    in_model = (gamma == np.isin(np.arange(X.shape[1]), selected)).all(1)
+    assert len(selected) >= 1 and in_model.sum() >= 200, (selected, in_model.sum())
+    effects = np.asarray(s["beta"])[in_model][:, selected].mean(0)
+    intercept = np.asarray(s["intercept"])[in_model].mean()
+    nuts = MCMC(numpyro.infer.NUTS(_logistic_model), num_warmup=500, num_samples=500, progress_bar=False)
+    nuts.run(jax.random.PRNGKey(1), X[:, selected], y)
+    ref = nuts.get_samples()
+    b, b0 = np.asarray(ref["b"]), np.asarray(ref["intercept"])
+    z = np.append((effects - b.mean(0)) / b.std(0), (intercept - b0.mean()) / b0.std())
+    assert np.all(np.abs(z) < 0.5), (selected, effects, intercept, b.mean(0), b0.mean(), z)
+
+
+def test_defaults_match_nuts_given_the_selected_model_on_breast_cancer():
+    """The model has an intercept (no control-variate anchor): the chain starts at the mode
+    with γ = 0 and steps in Laplace units; it used to crawl from the origin at ε = 1e-6."""
+    _check_breast_cancer(500, 1000)
+
+
+@pytest.mark.slow
+def test_defaults_match_nuts_given_the_selected_model_on_breast_cancer_long():
+    _check_breast_cancer(1500, 3000)

@@ -24,6 +24,7 @@ from numpyro.infer import MCMC
 import numpyro_sg as nsg
 from numpyro_sg.tuning import _Scorer
 from numpyro_sg.infer.warmup import fit_model_mode
+from numpyro_sg.tuning.result import TuningResult
 
 GOOD = 2e-4  # ε·λ_max ≈ 0.2: stable, mixes in ~100 iterations, sd inflation ≈ 5%
 PLANTED = [1e-10, 1e-9, GOOD, 0.5, 1.0]
@@ -295,3 +296,54 @@ def test_tuning_example_runs(capsys):
     out = capsys.readouterr().out
     assert "MAMBA for SGLD" in out and "MAMBA for SGBD" in out and "chosen:" in out
     assert out.count("ξ(σ̂) =") == 3
+
+
+class _TunedESGLD(nsg.ESGLD):
+    """A kernel class as the factory: its keywords are the grid's."""
+
+    def __init__(self, step_size):
+        super().__init__(spike_slab_model, step_size, max_model_size=4, subsample_size=50)
+
+
+@pytest.mark.parametrize("form", ["partial", pytest.param("lambda", marks=pytest.mark.slow),
+                                  pytest.param("class", marks=pytest.mark.slow)])
+def test_mamba_tunes_esgld_with_its_defaults_for_any_factory_form(form):
+    """ESGLD's defaults (the Laplace step) and the tuner's (the Laplace score scales) together,
+    whatever the factory: it used to raise that only the gradient kernels have Laplace scales."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 6)).astype(np.float32)
+    y = (X @ np.array([1.0, -0.8, 0.0, 0.0, 0.0, 0.0]) + rng.normal(size=200)).astype(np.float32)
+    make = {"partial": functools.partial(nsg.ESGLD, spike_slab_model, max_model_size=4, subsample_size=50),
+            "lambda": lambda step_size: nsg.ESGLD(spike_slab_model, step_size, max_model_size=4,
+                                                  subsample_size=50),
+            "class": _TunedESGLD}[form]
+    grid = {"step_size": [0.05, 0.25]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # one round (2 arms)
+        res = nsg.mamba(make, grid, (X, y), time_budget=4.0, rng_key=KEY)
+    assert isinstance(res, TuningResult) and res.best_params["step_size"] in grid["step_size"]
+    assert np.isfinite(res.rounds["score"]).all()
+
+
+def _logistic_spike_slab_model(X, y=None):
+    """Full-data spike-and-slab logistic regression (SparseAsync's form: no subsample plate)."""
+    N, p = X.shape
+    g = numpyro.sample("gamma", dist.Bernoulli(0.2).expand([p]).to_event(1))
+    th = numpyro.sample("theta", dist.Normal(0.0, jnp.where(g == 1, 2.0, 0.05)).to_event(1))
+    with numpyro.plate("data", N):
+        numpyro.sample("y", dist.Bernoulli(logits=X @ (th * g)), obs=y)
+
+
+@pytest.mark.slow
+def test_mamba_tunes_sparse_async_with_its_defaults():
+    """The Laplace score scales of a model without a subsample plate (a dense fit)."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 6)).astype(np.float32)
+    eta = X @ np.array([1.0, -0.8, 0.0, 0.0, 0.0, 0.0])
+    y = (rng.uniform(size=200) < 1 / (1 + np.exp(-eta))).astype(np.float32)
+    for make in (functools.partial(nsg.SparseAsync, _logistic_spike_slab_model),
+                 lambda step_size: nsg.SparseAsync(_logistic_spike_slab_model, step_size)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # one round (2 arms)
+            res = nsg.mamba(make, {"step_size": [0.05, 0.25]}, (X, y), time_budget=3.0, rng_key=KEY)
+        assert isinstance(res, TuningResult) and np.isfinite(res.rounds["score"]).all()

@@ -14,13 +14,14 @@ import numpy as np
 from jax import random
 
 from numpyro_sg.infer.warmup import fit_model_mode, starting_points
+from numpyro_sg.kernels.esgld.warmup import full_model_sds
 from numpyro_sg.kernels.gradient import GradientKernel
 from numpyro_sg.tuning.arms import grid_arms, make_kernels
 from numpyro_sg.tuning.batches import Batch, make_batches
 from numpyro_sg.tuning.scoring import Scorer
 
 __all__ = ["METRICS", "CRITERIA", "check_arguments", "num_halving_rounds", "shared_geometry",
-           "starting_states", "build", "compile_all"]
+           "score_scales", "starting_states", "build", "compile_all"]
 
 #: the metrics a tuner scores arms by (or a callable)
 METRICS = ("ksd", "fssd")
@@ -73,6 +74,19 @@ def shared_geometry(probe, model, model_args, model_kwargs):
     return fit_model_mode(model, model_args, model_kwargs, probe.warmup_options)
 
 
+def score_scales(preconditioner, geometry, probe, model, model_args, model_kwargs):
+    """The scorer's ``preconditioner``: ``"laplace"`` for a kernel without a shared warmup (ESGLD,
+    SparseAsync: a model with an indicator) becomes the Laplace sds of the continuous sites at
+    the mode of the full model, every indicator on (each coefficient under its slab: the scale
+    of a selected effect), so every kernel tunes with its defaults; anything else is returned
+    as given (the scorer checks it)."""
+    if not (isinstance(preconditioner, str) and preconditioner == "laplace") or geometry is not None:
+        return preconditioner
+    options = getattr(probe, "options", None)
+    return full_model_sds(model, model_args, model_kwargs, indicator=getattr(options, "indicator", None),
+                          coefficient=getattr(options, "coefficient", None))
+
+
 def starting_states(init_params, geometry, num_arms, rng_key):
     """Where the arms start: one Laplace draw θ̂ + L·ξ each (``"laplace"`` with a fit), each
     kernel's own init (``None``, or ``"laplace"`` without a fit), or the user's dict."""
@@ -102,6 +116,7 @@ def build(make_kernel, arms, model_args, model_kwargs, rng_key, *, metric, crite
     model = probe.model
     key_batches, key_init, key_score = random.split(rng_key, 3)
     geometry = shared_geometry(probe, model, model_args, model_kwargs)
+    preconditioner = score_scales(preconditioner, geometry, probe, model, model_args, model_kwargs)
     scorer = Scorer(model, model_args, model_kwargs, metric, criterion, preconditioner,
                     score_draws, ksd_options, geometry, score_subsample, key_score)
     kernels = make_kernels(make_kernel, arms, None if geometry is None else geometry[0])

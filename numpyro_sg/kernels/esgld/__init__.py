@@ -30,7 +30,9 @@ The model (see :mod:`numpyro_sg.spike_slab`) has an indicator γ ∈ {0,1}^p, a 
       \nabla_\theta \log \pi(\theta^{(t)}\mid\gamma_k, X_{n,N}) + \mathcal N(0, \varepsilon_t\tau I),
 
    the default uses the control-variate gradient at the last model and ε_j = h·v_j, v_j the
-   conditional posterior variance (:mod:`~numpyro_sg.kernels.esgld.step`);
+   conditional posterior variance (:mod:`~numpyro_sg.kernels.esgld.step`; without the
+   anchor — an intercept, a non-GLM likelihood — v_j from the model's own curvature and a
+   start at the mode, :mod:`~numpyro_sg.kernels.esgld.warmup`);
 4. the divergence guard :func:`~numpyro_sg.kernels.guard.guarded_update`.
 
 Layout: :mod:`~numpyro_sg.kernels.esgld.options` (options, hyperparameters, static set-up),
@@ -39,6 +41,7 @@ Layout: :mod:`~numpyro_sg.kernels.esgld.options` (options, hyperparameters, stat
 :mod:`~numpyro_sg.kernels.esgld.targets` (indicator targets, coordinate tables, the
 model-averaged gradient), :mod:`~numpyro_sg.kernels.esgld.control_variates` and
 :mod:`~numpyro_sg.kernels.esgld.informed` (the default's moves),
+:mod:`~numpyro_sg.kernels.esgld.warmup` (the start and Laplace step without the anchor),
 :mod:`~numpyro_sg.kernels.esgld.step` (the pure step) and
 :mod:`~numpyro_sg.kernels.esgld.kernel` (the :class:`ESGLD` shell).
 
@@ -68,6 +71,7 @@ from numpyro_sg.kernels.esgld.informed import (
 from numpyro_sg.kernels.esgld.kernel import ESGLD
 from numpyro_sg.kernels.esgld.options import (
     DEFAULT_STEP_SIZE,
+    PLAIN_LAPLACE_STEP_SIZE,
     DEFAULT_WEIGHT_ROWS,
     PAPER_STEP_SIZE,
     ESGLDHyper,
@@ -108,7 +112,7 @@ from numpyro_sg.spike_slab import init_to_spike
 __all__ = [
     "ESGLD", "ESGLDState", "ESGLDHyper", "ESGLDSetup", "ESGLDOptions", "esgld_step", "esgld_initial_state",
     "esgld_hyperparameters", "resolve_algorithm", "anchor_iterations", "guard_norm",
-    "DEFAULT_STEP_SIZE", "PAPER_STEP_SIZE", "DEFAULT_WEIGHT_ROWS",
+    "DEFAULT_STEP_SIZE", "PLAIN_LAPLACE_STEP_SIZE", "PAPER_STEP_SIZE", "DEFAULT_WEIGHT_ROWS",
     # the paper's reversible-jump chain and its weights
     "move_probabilities", "propose_move", "apply_proposal", "Proposal", "penalty", "acceptance_probability",
     "IndicatorTarget", "IndicatorChain", "rjmh_indicator_chain",

@@ -16,11 +16,13 @@ from numpyro_sg.kernels.esgld.options import (
     DEFAULT_WEIGHT_ROWS,
     ESGLDOptions,
     ESGLDSetup,
+    anchor_applies,
     anchor_iterations,
     esgld_hyperparameters,
     resolve_algorithm,
 )
 from numpyro_sg.kernels.esgld.step import ESGLDState, esgld_initial_state, esgld_step
+from numpyro_sg.kernels.esgld.warmup import coefficient_index, initial_mode, start_at_mode
 from numpyro_sg.kernels.esgld.weights import proposal_weights, resolve_proposal_weights
 from numpyro_sg.kernels.step_size import step_size_at
 from numpyro_sg.spike_slab import SpikeSlab, effective_site_name, find_spike_slab, start_fn
@@ -54,7 +56,8 @@ class ESGLD(SGKernel):
     **Step size.** ``step_size`` is in the preconditioner's units: with the default Laplace
     scaling (``preconditioner="laplace"``) it is h, in units of each coefficient's
     conditional posterior sd (the injected noise of θ_j has sd √(h·τ) posterior sds; ``None``:
-    :data:`~numpyro_sg.kernels.esgld.options.DEFAULT_STEP_SIZE` = 0.25).  With
+    :data:`~numpyro_sg.kernels.esgld.options.DEFAULT_STEP_SIZE` = 0.25; 0.1 without the
+    control-variate anchor, see ``preconditioner``).  With
     ``preconditioner=None, gradient="plain"`` it is the paper's absolute step ε (``None``:
     :data:`~numpyro_sg.kernels.esgld.options.PAPER_STEP_SIZE` = 1e-6; the paper uses ε ≈ 1/N
     or smaller).  A float, an array over the flat unconstrained continuous sites, or a
@@ -89,9 +92,13 @@ class ESGLD(SGKernel):
     :param gradient: ``"auto"`` (``"cv"`` where ``"informed"`` applies, else ``"plain"``),
         ``"cv"`` (control-variate gradient around the anchor, at the last model γ_m) or
         ``"plain"`` (the paper's model-averaged mini-batch gradient).
-    :param preconditioner: ``"auto"`` (``"laplace"`` where ``"informed"`` applies, else
-        ``None``), ``"laplace"`` (step in units of the conditional posterior variance) or
-        ``None`` (absolute step).  The informed proposal, ``"cv"`` and ``"laplace"`` carry a
+    :param preconditioner: ``"auto"`` (``"laplace"``), ``"laplace"`` (step in units of the
+        conditional posterior variance) or ``None`` (absolute step).  Where the anchor does not
+        apply (another continuous site such as an intercept, or a likelihood that is not a
+        GLM) the Laplace step reads the model's own full-data curvature and the other
+        continuous sites start at the mode with γ = 0 (:mod:`~numpyro_sg.kernels.esgld.warmup`;
+        default h = :data:`~numpyro_sg.kernels.esgld.options.PLAIN_LAPLACE_STEP_SIZE` = 0.1,
+        the mini-batch gradient being plain).  The informed proposal, ``"cv"`` and ``"laplace"`` carry a
         control-variate anchor (g and H of the full data at β̂, computed at iteration 0 and,
         for a non-Gaussian likelihood, again at iteration 100 at the chain's current β:
         :func:`~numpyro_sg.kernels.esgld.options.anchor_iterations`; O(N·p²) each, p² floats of
@@ -261,9 +268,13 @@ class ESGLD(SGKernel):
         self._num_warmup = int(num_warmup)
         with jax.ensure_compile_time_eval():  # structural work stays eager under pmap too
             setup = self._prepare(model_args, model_kwargs)
-            if setup.anchored:
+            if setup.preconditioner == "laplace" and not anchor_applies(setup.spike_slab):
+                setup = replace(setup, laplace_index=coefficient_index(setup.spike_slab, setup.unravel, setup.dim))
+            glm = setup.spike_slab.glm
+            family_name = glm.family_name if setup.anchored and glm is not None else "other"
+            if setup.anchored or setup.laplace_index is not None:
                 setup = replace(setup, num_warmup=self._num_warmup,
-                                anchor_steps=anchor_iterations(setup.spike_slab.glm.family_name, self._num_warmup))
+                                anchor_steps=anchor_iterations(family_name, self._num_warmup))
             else:
                 setup = replace(setup, num_warmup=self._num_warmup)
             self._setup = setup
@@ -273,14 +284,23 @@ class ESGLD(SGKernel):
                                      jnp.shape(rng_key)[0] if batched else None)
         if not isinstance(gamma0, jax.core.Tracer) and bool(jnp.any(jnp.sum(gamma0, -1) > setup.max_model_size)):
             raise ValueError(f"The initial indicator has more than max_model_size = {setup.max_model_size} ones.")
-        hyper = esgld_hyperparameters(self.step_size, self.temperature, setup.dim, setup.preconditioner)
+        hyper = esgld_hyperparameters(self.step_size, self.temperature, setup.dim, setup.preconditioner,
+                                      noisy_gradient=setup.laplace_index is not None)
         family, strategy = (None if ss.glm is None else ss.glm.family), self._init_strategy
+
+        mode = None
+        if setup.laplace_index is not None and given is None:  # from the mode with the initial γ
+            mode = initial_mode(self._model, ss, jnp.zeros((ss.num_coefficients,), jnp.int32),
+                                model_args, model_kwargs)
 
         def init_one(key_init, key, given, gamma, model_args, model_kwargs):
             if given is None or rows is not None:  # one model trace: the start and the weights' data
                 given, glm_rows = start_fn(ss, model_args, model_kwargs, strategy, rows)(key_init, given)
             else:
                 glm_rows = None
+            if mode is not None:  # the other continuous sites start at the mode
+                flat, unravel = ravel_pytree(given)
+                given = unravel(start_at_mode(mode, setup.laplace_index, flat))
             weights = proposal_weights(setup.weight_kind, ss.num_coefficients, glm_rows, family)
             return esgld_initial_state(setup, given, gamma, weights, hyper, key)
 

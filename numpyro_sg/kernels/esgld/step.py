@@ -37,6 +37,7 @@ from numpyro_sg.kernels.esgld.control_variates import (
 from numpyro_sg.kernels.esgld.informed import informed_indicator_chain
 from numpyro_sg.kernels.esgld.options import ESGLDHyper, ESGLDSetup
 from numpyro_sg.kernels.esgld.paper import rjmh_indicator_chain
+from numpyro_sg.kernels.esgld.warmup import LaplaceScales, laplace_scales, prior_curvature, warmup_step_scale
 from numpyro_sg.kernels.esgld.targets import coordinate_prior_table, indicator_target, model_averaged_gradient
 from numpyro_sg.kernels.guard import guarded_update, init_guard, rms
 from numpyro_sg.kernels.moves import langevin_move, langevin_noise_variance
@@ -135,9 +136,19 @@ def esgld_initial_state(setup: ESGLDSetup, params, gamma, weights, hyper: ESGLDH
         diverging=jnp.array(False),
         batch_state=setup.minibatcher.init_batch_state(key_batch),
         rng_key=key,
-        anchor=(GLMAnchor(jnp.zeros((p,), flat.dtype), jnp.zeros((p,), flat.dtype), jnp.zeros((p, p), flat.dtype))
-                if setup.anchored else None),
+        anchor=_initial_anchor(setup, p, flat.shape[0], flat.dtype),
     )
+
+
+def _initial_anchor(setup: ESGLDSetup, p: int, d: int, dtype):
+    """A placeholder of the state's anchor, computed at iteration 0: the control-variate
+    ``GLMAnchor``, the :class:`~numpyro_sg.kernels.esgld.warmup.LaplaceScales` of the Laplace
+    step, or ``None``."""
+    if setup.anchored:
+        return GLMAnchor(jnp.zeros((p,), dtype), jnp.zeros((p,), dtype), jnp.zeros((p, p), dtype))
+    if setup.laplace_index is not None:
+        return LaplaceScales(jnp.zeros((p,), dtype), jnp.ones((d,), dtype))
+    return None
 
 
 def esgld_step(setup: ESGLDSetup, state: ESGLDState, model_args, model_kwargs) -> ESGLDState:
@@ -212,8 +223,19 @@ def _paper_input(setup, state, params, gamma, indices, key, model_args, model_kw
     flat = ravel_pytree(params)[0]
     value, grad = model_averaged_gradient(ss.log_density_fn(model_args, model_kwargs), setup.unravel,
                                           flat, chain.gammas, indices)
-    eps = step_size_at(state.hyper.step_size, state.i, flat.dtype)
-    return LangevinInput(flat, value, grad, eps, eps, chain)
+    h = step_size_at(state.hyper.step_size, state.i, flat.dtype)
+    if setup.laplace_index is None:
+        return LangevinInput(flat, value, grad, h, h, chain)
+    # the Laplace step: curvatures at the current point at the anchor iterations
+    index = setup.laplace_index
+    due = jnp.any(state.i == jnp.asarray(setup.anchor_steps))
+    scales = lax.cond(due, lambda: laplace_scales(ss, setup.unravel, index, flat, chain.gamma, model_args,
+                                                  model_kwargs),
+                      lambda: state.anchor)
+    scales = jax.tree.map(lambda a: a.astype(flat.dtype), scales)
+    curvature = jax.vmap(lambda g: prior_curvature(ss, values, chain.theta, g, model_args, model_kwargs))
+    eps = h * warmup_step_scale(scales, index, chain.gammas, -curvature(chain.gammas), flat.dtype)
+    return LangevinInput(flat, value, grad, eps, h, chain, anchor=scales)
 
 
 def _current_anchor(setup, state, values, glm_batch, dtype):
