@@ -213,8 +213,9 @@ _DOC_ARGS = """
     :param rng_key: ``jax.random.PRNGKey`` (required).
     :param preconditioner: the one common KSD/FSSD scale for every arm: ``"laplace"``
         (default: the warmup's Laplace sds at the mode of the full-data posterior), an array
-        of per-coordinate scales, or ``None`` (the papers' raw form).  Models with discrete
-        latent sites (ESGLD, SparseAsync) have no Laplace fit: give an array or ``None``.
+        of per-coordinate scales, or ``None`` (the papers' raw form).  For kernels without a
+        shared warmup (ESGLD, SparseAsync) ``"laplace"`` takes the Laplace sds of the continuous
+        sites at the mode of the full model, every indicator on.
     :param score_draws: each arm is scored on at most this many draws (default 500).
     :param int score_subsample: with ``criterion="ess"`` a gradient kernel's draws are scored
         with stochastic control-variate scores (the stochastic Stein discrepancy), each on its
