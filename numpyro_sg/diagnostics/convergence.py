@@ -26,7 +26,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-__all__ = ["ConvergenceWarning", "check_convergence", "convergence_table", "bulk_ess"]
+__all__ = ["ConvergenceWarning", "DivergenceWarning", "check_convergence", "convergence_table", "bulk_ess"]
 
 #: at most this many coordinates per site are checked (evenly spaced) — R̂/ESS cost per coordinate
 MAX_COORDINATES = 1000
@@ -34,6 +34,11 @@ MAX_COORDINATES = 1000
 
 class ConvergenceWarning(UserWarning):
     """The chains of a run have not converged (R̂, effective sample size or drift)."""
+
+
+class DivergenceWarning(UserWarning):
+    """A chain produced a non-finite or exploding state or gradient (it is frozen from then on,
+    and left out of pooled results)."""
 
 
 def _coordinates(values: np.ndarray) -> np.ndarray:
