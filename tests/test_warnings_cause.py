@@ -27,8 +27,8 @@ def test_a_papers_absolute_step_with_the_laplace_preconditioner_is_named():
     step of 10⁻⁶ posterior sds: the chains are frozen (measured: spread 0.02 sds).  The warning
     says the units are the cause and how to give an absolute step, and does not blame the
     posterior's shape (before, it said "the posterior is far from Gaussian")."""
-    X, y, _ = simulate_logistic_regression(10_000, 5)
-    mcmc = MCMC(nsg.SGLD(logistic_model, 1e-6), num_warmup=300, num_samples=500, num_chains=2,
+    X, y, _ = simulate_logistic_regression(2_000, 5)
+    mcmc = MCMC(nsg.SGLD(logistic_model, 1e-6), num_warmup=100, num_samples=300, num_chains=2,
                 chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), X, y)
     warned = _warnings(lambda: nsg.check_convergence(mcmc))
@@ -67,10 +67,10 @@ def test_a_chain_still_travelling_is_not_called_multimodal():
 def one_diverged_chain(linear_data):
     """Two vectorized SGLD chains with absolute steps (preconditioner=None, gradient='plain'):
     chain 0 at ε = 10⁻⁴ (stable: ε·N ≈ 0.1), chain 1 switched to ε = 1 after 100 draws (blows up
-    at once and is frozen with its 'diverging' flag set)."""
+    within a few steps and is frozen, its 'diverging' flag set)."""
     X, y = linear_data
     kernel = nsg.SGLD(linear_model, 1e-4, preconditioner=None, gradient="plain")
-    mcmc = MCMC(kernel, num_warmup=200, num_samples=100, num_chains=2, chain_method="vectorized",
+    mcmc = MCMC(kernel, num_warmup=100, num_samples=100, num_chains=2, chain_method="vectorized",
                 progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), X, y)
     first = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
@@ -94,7 +94,8 @@ def test_to_inference_data_leaves_a_diverged_chain_out_of_the_pooled_ksd(one_div
     with pytest.warns(nsg.DivergenceWarning, match=r"chain\(s\) \[1\].*the summary"):
         table = nsg.posterior_summary(idata, round_to="none")
     theta = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
-    assert np.all(theta[1] == theta[1, :1])  # the frozen chain: its last state before the blow-up
+    assert np.abs(theta[1] - theta[0].mean(0)).max() > 10.0  # chain 1 blew up (posterior sd ≈ 0.03)
+    assert np.all(theta[1, -10:] == theta[1, -1])  # and is frozen
     alone = az.summary(az.from_dict(posterior={"theta": theta[:1]}), round_to="none")
     pooled = az.summary(az.from_dict(posterior={"theta": theta}), round_to="none")
     table = table.loc[alone.index]
@@ -127,3 +128,17 @@ def test_selection_summary_leaves_diverged_chains_out_and_reports_disagreement()
     np.testing.assert_allclose(table["inclusion_sd"], [0.0, np.sqrt(0.5), 0.0, 0.0])
     assert table["inclusion_r_hat"][1] > 1.5 and table["inclusion_r_hat"][0] == 1.0
     assert table.attrs["diverged_chains"] == [2]
+
+
+def test_multimodality_overrides_a_laplace_misfit_remedy():
+    """A kernel's Laplace-misfit finding (its remedy: a smaller step, 'adapt') does not help
+    chains stuck in different modes: the warning gives the multimodality remedies only."""
+    rng = np.random.default_rng(2)
+    draws = np.stack([rng.normal(-5.0, 1.0, (500, 1)), rng.normal(5.0, 1.0, (500, 1))])
+    misfit = ("the draws are far from the Laplace approximation", "use preconditioner='adapt'")
+    warned = _warnings(lambda: nsg.check_convergence({"mu": draws}, extra_problems=[misfit]))
+    assert len(warned) == 1 and "multimodality" in warned[0] and "far from the Laplace" in warned[0]
+    assert "preconditioner='adapt'" not in warned[0], warned
+    frozen = ("chain(s) [0, 1] barely move", "step sizes are in posterior sds", True)
+    warned = _warnings(lambda: nsg.check_convergence({"mu": draws}, extra_problems=[frozen]))
+    assert len(warned) == 1 and "multimodality" not in warned[0] and "posterior sds" in warned[0]

@@ -176,8 +176,10 @@ def check_convergence(obj, *, rhat_max: float = 1.05, ess_min: float = 100, drif
     :param bool warn: issue the warning (default True).
     :param extra_problems: further problems found by the caller, reported in the same warning:
         sentences, or ``(problem, remedy)`` pairs naming a cause — its remedy then replaces the
-        generic ones.  Without a named cause, chains that each settled (no drift) many
-        within-chain sds apart are reported as possibly stuck in different modes.
+        generic ones — or ``(problem, remedy, True)`` for a cause that also explains why the
+        chains disagree (e.g. frozen chains).  Otherwise chains that each settled (no drift)
+        many within-chain sds apart are reported as possibly stuck in different modes, with
+        the remedies for that alone.
     :return: the :func:`convergence_table` with a boolean column ``ok``.
 
     **Example:**
@@ -240,10 +242,11 @@ def _message(table, label, rhat_max, ess_min, drift_max, findings) -> str:
     fault, and the remedies of the causes found (generic ones when no cause is named)."""
     problems = [f[0] if isinstance(f, tuple) else f for f in findings]
     remedies = [f[1] for f in findings if isinstance(f, tuple)]
-    multimodal = None if remedies else _multimodal(table, rhat_max, drift_max)
-    if multimodal:
+    explained = any(isinstance(f, tuple) and len(f) > 2 and f[2] for f in findings)
+    multimodal = None if explained else _multimodal(table, rhat_max, drift_max)
+    if multimodal:  # the other findings' remedies (e.g. for a Laplace misfit) do not help here
         problems.append(multimodal)
-        remedies.append(MULTIMODAL_REMEDY)
+        remedies = [MULTIMODAL_REMEDY]
     bad = table[table["r_hat"] > rhat_max]
     if len(bad):
         problems.append("split-R̂ " + ", ".join(f"{r:.3g} for '{n}' (worst coordinate {w})"

@@ -251,7 +251,8 @@ class SGKernel(MCMCKernel):
 
     def convergence_report(self, state) -> list:
         """Problems of a finished run beyond R̂, ESS and drift (default: none): sentences, or
-        ``(problem, remedy)`` pairs naming a cause, whose remedy then replaces the generic ones.
+        ``(problem, remedy)`` pairs naming a cause, whose remedy then replaces the generic ones
+        (``(problem, remedy, True)`` when the cause also explains why the chains disagree).
 
         :func:`numpyro_sg.check_convergence` and :func:`numpyro_sg.to_inference_data` ask the
         ``MCMC``'s sampler for them, given ``mcmc.last_state``.

@@ -12,8 +12,9 @@ draws against the Laplace approximation N(θ̂, L·Lᵀ) at the warmup's mode θ
 * **Laplace misfit**: the pooled draws' mean and covariance far from the Laplace approximation
   (the posterior is far from Gaussian), reported only when no chain is frozen.
 
-Each finding is a pair ``(problem, remedy)``: :func:`numpyro_sg.check_convergence` lists the
-problems and, when a kernel names a cause, suggests that cause's remedy instead of generic ones.
+Each finding is a pair ``(problem, remedy)`` (a triple ending in ``True`` when the cause also
+explains why the chains disagree): :func:`numpyro_sg.check_convergence` lists the problems and,
+when a kernel names a cause, suggests that cause's remedy instead of generic ones.
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ def frozen_chains(P, counts, m2s, diverging, min_count: int = 50) -> dict:
 
 
 def frozen_report(frozen: dict, preconditioner, step_size) -> tuple:
-    """The ``(problem, remedy)`` of chains that barely move: the step size's units are the cause."""
+    """The ``(problem, remedy, True)`` of chains that barely move: the step size's units are the
+    cause (``True``: it also explains why the chains disagree, see
+    :func:`numpyro_sg.check_convergence`)."""
     steps = np.unique(np.asarray(step_size, np.float64).reshape(-1))
     step = f"{steps[0]:.3g}" if steps.size == 1 else f"{steps.min():.3g}–{steps.max():.3g}"
     problem = (f"chain(s) {sorted(frozen)} barely move: their draws spread over at most "
@@ -81,7 +84,7 @@ def frozen_report(frozen: dict, preconditioner, step_size) -> tuple:
                   f"about {step} posterior sds. Leave step_size=None for the calibrated default or "
                   "give a step in posterior sds (of order 0.1–1); to use an absolute step (as in "
                   "the papers), pass preconditioner=None, gradient='plain'")
-    return problem, remedy
+    return problem, remedy, True  # frozen chains also explain why the chains disagree
 
 
 def misfit_report(fit, counts, means, m2s, limits) -> list:
