@@ -38,7 +38,8 @@ def test_inclusion_from_every_form():
     with pytest.raises(TypeError):
         sel.inclusion_probabilities("nonsense")
     summary = sel.selection_summary(idata, np.array([1.0, 0, 0, 0]))
-    assert list(summary.columns) == ["variable", "inclusion", "selected", "beta_hat", "beta_true"]
+    assert list(summary.columns) == ["variable", "inclusion", "selected", "beta_hat", "beta_true",
+                                     "inclusion_sd", "inclusion_r_hat"]
     assert set(summary.attrs) >= {"FSR", "NSR", "MSE1", "MSE0", "num_selected"}
     np.testing.assert_array_equal(summary["selected"], want > 0.5)
     np.testing.assert_allclose(summary["inclusion"], want)

@@ -26,7 +26,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-__all__ = ["ConvergenceWarning", "check_convergence", "convergence_table", "bulk_ess"]
+__all__ = ["ConvergenceWarning", "DivergenceWarning", "check_convergence", "convergence_table", "bulk_ess"]
 
 #: at most this many coordinates per site are checked (evenly spaced) — R̂/ESS cost per coordinate
 MAX_COORDINATES = 1000
@@ -34,6 +34,11 @@ MAX_COORDINATES = 1000
 
 class ConvergenceWarning(UserWarning):
     """The chains of a run have not converged (R̂, effective sample size or drift)."""
+
+
+class DivergenceWarning(UserWarning):
+    """A chain produced a non-finite or exploding state or gradient (it is frozen from then on,
+    and left out of pooled results)."""
 
 
 def _coordinates(values: np.ndarray) -> np.ndarray:
@@ -55,6 +60,19 @@ def _drift(x: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(sd > 0, diff / np.where(sd > 0, sd, 1.0), 0.0)
     return ratio.max(axis=0)
+
+
+def _separation(x: np.ndarray) -> tuple:
+    """Per coordinate, the largest distance of a chain's mean from the mean of the other chains'
+    means, in within-chain sds; and, per coordinate, the chain at that distance."""
+    means = x.mean(axis=1)
+    chains = means.shape[0]
+    within = np.sqrt(x.var(axis=1).mean(axis=0))
+    others = (means.sum(axis=0) - means) / max(chains - 1, 1)
+    dist = np.abs(means - others) if chains > 1 else np.zeros_like(means)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(within > 0, dist / np.where(within > 0, within, 1.0), np.where(dist > 0, np.inf, 0.0))
+    return ratio.max(axis=0), ratio.argmax(axis=0)
 
 
 def bulk_ess(x: np.ndarray, quantile: float = 0.0, max_coordinates: int = 64) -> float:
@@ -87,13 +105,21 @@ def bulk_ess(x: np.ndarray, quantile: float = 0.0, max_coordinates: int = 64) ->
     return float(np.quantile(ess, quantile)) if ess.size else 0.0
 
 
+#: the columns of :func:`convergence_table`
+COLUMNS = ["r_hat", "ess_bulk", "drift", "worst", "separation", "far_chain"]
+
+
 def convergence_table(samples: dict) -> pd.DataFrame:
-    """Per site: worst split-R̂, lowest bulk ESS and largest drift (in sds) over its coordinates.
+    """Per site: worst split-R̂, lowest bulk ESS and largest drift (in sds) over its coordinates,
+    and how far apart the chains sit.
 
     :param samples: draws ``{site: array (chains, draws, …)}``; integer/boolean sites (model
         indicators) and sites with fewer than 4 draws per chain are skipped.
-    :return: a ``DataFrame`` indexed by site with columns ``r_hat``, ``ess_bulk``, ``drift``
-        and ``worst`` (the coordinate index, within the site, with the worst R̂).
+    :return: a ``DataFrame`` indexed by site with columns ``r_hat``, ``ess_bulk``, ``drift``,
+        ``worst`` (the coordinate index, within the site, with the worst R̂), ``separation``
+        (on that coordinate, the largest distance of a chain's mean from the mean of the other
+        chains' means, in within-chain sds) and ``far_chain`` (that chain; NaN and −1 when a
+        draw is not finite).
     """
     import arviz as az
 
@@ -104,7 +130,7 @@ def convergence_table(samples: dict) -> pd.DataFrame:
             continue
         x = _coordinates(values)
         if not np.all(np.isfinite(x)):
-            rows[name] = dict(r_hat=np.inf, ess_bulk=0.0, drift=np.inf, worst=0)
+            rows[name] = dict(r_hat=np.inf, ess_bulk=0.0, drift=np.inf, worst=0, separation=np.nan, far_chain=-1)
             continue
         data = az.convert_to_dataset({"x": x})
         with warnings.catch_warnings():
@@ -113,11 +139,13 @@ def convergence_table(samples: dict) -> pd.DataFrame:
             ess = np.asarray(az.ess(data, method="bulk")["x"].values, np.float64).reshape(-1)
         drift = _drift(x)
         rhat_ok = np.where(np.isfinite(rhat), rhat, 1.0)
+        separation, far = _separation(x)
+        worst = int(np.argmax(rhat_ok))
         rows[name] = dict(
             r_hat=float(rhat_ok.max()), ess_bulk=float(np.nanmin(ess)) if np.isfinite(ess).any() else np.nan,
-            drift=float(drift.max()), worst=int(np.argmax(rhat_ok)),
+            drift=float(drift.max()), worst=worst, separation=float(separation[worst]), far_chain=int(far[worst]),
         )
-    return pd.DataFrame.from_dict(rows, orient="index", columns=["r_hat", "ess_bulk", "drift", "worst"])
+    return pd.DataFrame.from_dict(rows, orient="index", columns=COLUMNS)
 
 
 def _run_samples(obj) -> dict:
@@ -146,8 +174,12 @@ def check_convergence(obj, *, rhat_max: float = 1.05, ess_min: float = 100, drif
     :param sites: names of the sites to check (default: every floating-point site).
     :param str label: how the run is named in the warning.
     :param bool warn: issue the warning (default True).
-    :param extra_problems: further problems found by the caller (sentences), reported in the
-        same warning.
+    :param extra_problems: further problems found by the caller, reported in the same warning:
+        sentences, or ``(problem, remedy)`` pairs naming a cause — its remedy then replaces the
+        generic ones — or ``(problem, remedy, True)`` for a cause that also explains why the
+        chains disagree (e.g. frozen chains).  Otherwise chains that each settled (no drift)
+        many within-chain sds apart are reported as possibly stuck in different modes, with
+        the remedies for that alone.
     :return: the :func:`convergence_table` with a boolean column ``ok``.
 
     **Example:**
@@ -174,7 +206,47 @@ def check_convergence(obj, *, rhat_max: float = 1.05, ess_min: float = 100, drif
     return table
 
 
-def _message(table, label, rhat_max, ess_min, drift_max, problems) -> str:
+#: chains whose means sit this many within-chain sds apart, each without drift, are in
+#: different modes
+SEPARATED = 5.0
+
+GENERIC_REMEDY = (
+    "a longer num_warmup and num_samples; start from the warmup's mode (the kernels' default, "
+    "init_strategy=None) rather than a random start; a larger step_size if the chain moves too "
+    "slowly, a smaller one if it is unstable; compare with NUTS (numpyro_sg.nuts_reference) when "
+    "it is affordable"
+)
+MULTIMODAL_REMEDY = (
+    "stochastic-gradient chains rarely cross between well-separated modes, so a longer run or "
+    "another step size will not reconcile them, and pooled draws weight each mode by the number "
+    "of chains in it, not by its posterior mass. If the modes are relabellings of one solution "
+    "(e.g. a mixture's components), break the symmetry (e.g. ordered means); otherwise report "
+    "the modes separately or compare their log densities before pooling"
+)
+
+
+def _multimodal(table, rhat_max, drift_max) -> str | None:
+    """The sentence naming chains that each settled (no drift) but far apart, or None."""
+    bad = table[(table["r_hat"] > rhat_max) & (table["separation"] >= SEPARATED) & (table["drift"] <= drift_max)]
+    if not len(bad):
+        return None
+    return ("the chains disagree — possible multimodality: each chain is stable (no drift) but "
+            + ", ".join(f"chain {c} sits {x:.3g} within-chain sds from the others' mean in '{n}' "
+                        f"(coordinate {w})" for n, x, c, w in zip(bad.index, bad["separation"],
+                                                                 bad["far_chain"], bad["worst"]))
+            + ": the chains are stuck in different modes")
+
+
+def _message(table, label, rhat_max, ess_min, drift_max, findings) -> str:
+    """The warning: the kernel's findings (``(problem, remedy)`` pairs or sentences), the sites at
+    fault, and the remedies of the causes found (generic ones when no cause is named)."""
+    problems = [f[0] if isinstance(f, tuple) else f for f in findings]
+    remedies = [f[1] for f in findings if isinstance(f, tuple)]
+    explained = any(isinstance(f, tuple) and len(f) > 2 and f[2] for f in findings)
+    multimodal = None if explained else _multimodal(table, rhat_max, drift_max)
+    if multimodal:  # the other findings' remedies (e.g. for a Laplace misfit) do not help here
+        problems.append(multimodal)
+        remedies = [MULTIMODAL_REMEDY]
     bad = table[table["r_hat"] > rhat_max]
     if len(bad):
         problems.append("split-R̂ " + ", ".join(f"{r:.3g} for '{n}' (worst coordinate {w})"
@@ -188,10 +260,5 @@ def _message(table, label, rhat_max, ess_min, drift_max, problems) -> str:
     if len(bad):
         problems.append("still drifting: the first and last thirds of a chain's draws differ by "
                         + ", ".join(f"{x:.3g} posterior sds in '{n}'" for n, x in zip(bad.index, bad["drift"])))
-    return (
-        f"{label} may not have sampled the posterior: " + "; ".join(problems) + ". The draws may be far from the "
-        "posterior. Remedies: a longer num_warmup and num_samples; start from the warmup's mode "
-        "(the kernels' default, init_strategy=None) rather than a random start; a larger "
-        "step_size if the chain moves too slowly, a smaller one if it is unstable; compare with "
-        "NUTS (numpyro_sg.nuts_reference) when it is affordable."
-    )
+    return (f"{label} may not have sampled the posterior: " + "; ".join(problems) + ". The draws may be far "
+            "from the posterior. Remedies: " + "; ".join(remedies or [GENERIC_REMEDY]) + ".")

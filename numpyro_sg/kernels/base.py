@@ -28,14 +28,11 @@ from numpyro.infer.mcmc import MCMCKernel
 from numpyro.infer.util import constrain_fn
 from numpyro.util import is_prng_key
 
+from numpyro_sg.diagnostics.convergence import DivergenceWarning
 from numpyro_sg.infer.minibatch import Minibatcher, full_data, with_indices
 
 __all__ = ["SGKernel", "DivergenceWarning", "split_init_key", "all_finite", "check_choice",
            "check_positive", "PerDataCache"]
-
-
-class DivergenceWarning(UserWarning):
-    """A chain produced a non-finite or exploding state or gradient (it is frozen from then on)."""
 
 
 def all_finite(x):
@@ -253,7 +250,9 @@ class SGKernel(MCMCKernel):
         return msg
 
     def convergence_report(self, state) -> list:
-        """Problems of a finished run beyond R̂, ESS and drift, as sentences (default: none).
+        """Problems of a finished run beyond R̂, ESS and drift (default: none): sentences, or
+        ``(problem, remedy)`` pairs naming a cause, whose remedy then replaces the generic ones
+        (``(problem, remedy, True)`` when the cause also explains why the chains disagree).
 
         :func:`numpyro_sg.check_convergence` and :func:`numpyro_sg.to_inference_data` ask the
         ``MCMC``'s sampler for them, given ``mcmc.last_state``.

@@ -39,8 +39,6 @@ from numpyro_sg.infer.preconditioner import (
     adapted_preconditioner,
     from_working,
     init_moments,
-    laplace_misfit,
-    pool_moments,
     rows_to_working,
     to_working,
     update_moments,
@@ -49,6 +47,7 @@ from numpyro_sg.infer.warmup import ModeFit, WarmupOptions, find_mode, starting_
 from numpyro_sg.kernels.base import PerDataCache, SGKernel, all_finite, check_choice, split_init_key
 from numpyro_sg.kernels.guard import freeze, guarded_update, init_guard, rms
 from numpyro_sg.kernels.moves import ema
+from numpyro_sg.kernels.report import chain_moments, frozen_chains, frozen_report, misfit_report
 
 __all__ = ["GradientKernel", "gradient_state", "PRECONDITIONERS", "GRADIENTS", "GRADIENT_STATE_FIELDS"]
 
@@ -303,34 +302,25 @@ class GradientKernel(SGKernel):
     MISFIT_OFFSET, MISFIT_EIGENVALUES = 2.0, (0.25, 4.0)
 
     def convergence_report(self, state) -> list:
-        """The draws' distance from the Laplace approximation at the warmup's mode, when it is
-        large (a sentence), from the moments the chains collected over the kept draws."""
+        """Causes found in the moments the chains collected over the kept draws, as
+        ``(problem, remedy)`` pairs (:mod:`numpyro_sg.kernels.report`): chains that barely move
+        (the step size's units), else the draws' distance from the Laplace approximation."""
         fit, m = self._fits.value, getattr(state, "moments", None)
-        if fit is None or m is None or fit.mode.shape[0] > self.warmup_options.dense_max:
-            # a diagonal Laplace preconditioner (d > dense_max) ignores the correlations and
-            # is shrunk for stability (WarmupOptions.stabilise_diagonal): it is no posterior
-            # approximation to measure the draws against, so the misfit is not reported
+        if fit is None or m is None:
             return []
         d = fit.mode.shape[0]
-        counts = np.asarray(m.count).reshape(-1)
+        counts, means, m2s = chain_moments(m, d)
         if counts.sum() < 50:
             return []
-        means = np.asarray(m.mean).reshape(-1, d)
-        m2s = np.asarray(m.m2)
-        m2s = m2s.reshape((len(counts), d, d) if m2s.size == len(counts) * d * d else (len(counts), d))
-        _, mean, cov = pool_moments(counts, means, m2s)
-        offset, low, high = laplace_misfit(fit.preconditioner, fit.mode, mean, cov)
-        lo, hi = self.MISFIT_EIGENVALUES
-        if offset <= self.MISFIT_OFFSET and lo <= low and high <= hi:
+        frozen = frozen_chains(fit.preconditioner, counts, m2s, state.diverging)
+        if frozen:
+            return [frozen_report(frozen, self.preconditioner, state.step_size)]
+        if d > self.warmup_options.dense_max:
+            # a diagonal Laplace preconditioner (d > dense_max) ignores the correlations and
+            # is shrunk for stability (WarmupOptions.stabilise_diagonal): it is no posterior
+            # approximation to measure the draws' misfit against
             return []
-        return [
-            f"the draws are far from the Laplace approximation at the warmup's mode (their mean "
-            f"is up to {offset:.2g} Laplace sds from the mode, their variance {low:.2g}–{high:.2g} "
-            "times the Laplace variance along some directions): the posterior is far from "
-            "Gaussian, where the default step sizes, calibrated on near-Gaussian posteriors, can "
-            "be biased; check against NUTS or use a smaller step_size and "
-            "preconditioner='adapt'"
-        ]
+        return misfit_report(fit, counts, means, m2s, (self.MISFIT_OFFSET, self.MISFIT_EIGENVALUES))
 
     # -- one iteration ----------------------------------------------------------------------
     def _estimate(self, flat, indices, anchor, precond, model_args, model_kwargs):

@@ -11,7 +11,14 @@ Stein discrepancy of the run (full-data scores) to ``sample_stats``.  Its groups
   unconstrained coordinates) and, with ``ksd=True``, ``ksd`` per chain (dims ``chain``).
   ``sample_stats.attrs`` hold the pooled KSD (``ksd``), the ``ksd_preconditioner``, its
   ``ksd_scales``, the kernel settings (``ksd_c``, ``ksd_beta``, ``ksd_statistic``),
-  ``ksd_draws_per_chain`` and ``ksd_seconds`` (the time the scores and KSD took).
+  ``ksd_draws_per_chain``, ``ksd_seconds`` (the time the scores and KSD took) and
+  ``diverged_chains``: the chains (positions along ``chain``) the kernel froze after a blow-up
+  (:mod:`numpyro_sg.results.chains`).  Their raw draws stay in ``posterior`` (and ``stein``),
+  so that they can be inspected, and they keep their per-chain ``ksd``, but the pooled KSD,
+  ``ksd_per_coordinate`` and :func:`numpyro_sg.posterior_summary` leave them out, with a
+  :class:`~numpyro_sg.DivergenceWarning` naming them.  With ArviZ directly, select the other
+  chains first: ``idata.isel(chain=[c for c in range(idata.posterior.sizes["chain"]) if c not
+  in idata.sample_stats.attrs["diverged_chains"]])``.
 * ``stein``: the scored draws (``unconstrained`` and ``score``, dims
   ``(chain, draw, coordinate)``) and ``ksd_per_coordinate``, so that :func:`numpyro_sg.ksd`,
   :func:`numpyro_sg.posterior_summary` and :func:`numpyro_sg.compare_to_reference` recompute
@@ -46,6 +53,8 @@ from numpyro_sg.diagnostics.model_scores import (
     run_samples,
     stein_dataset,
 )
+from numpyro_sg.results.chains import DIVERGED_ATTR, diverged_chains, warn_diverged
+
 
 __all__ = ["to_inference_data", "attach_ksd", "cast_discrete", "preconditioner_name"]
 
@@ -177,34 +186,58 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     >>> idata.sample_stats.attrs["ksd_preconditioner"], idata.sample_stats["ksd"].dims
     ('sd', ('chain',))
     """
-    ksd_options = _checked_ksd_options(mcmc, ksd_options)
-    if check and hasattr(getattr(mcmc, "sampler", None), "convergence_report"):
-        check_convergence(mcmc)
+    ksd_options = _checked_ksd_options(mcmc, ksd_options, check)
     model, model_args, model_kwargs = run_model(mcmc, model, model_args, model_kwargs)
     idata = _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood,
                              log_likelihood_limit_gb, kwargs)
-    if sampling_time is not None:
-        idata.posterior.attrs["sampling_time"] = float(sampling_time)
-    scores = ModelScores(model, model_args, model_kwargs)
-    cast_discrete(idata, scores.discrete_sites)
-    if "sample_stats" in idata.groups():
-        _name_coordinate_dims(idata, scores.coordinate_names)
+    scores = _finish(idata, ModelScores(model, model_args, model_kwargs), sampling_time)
+    diverged = _record_diverged(idata, mcmc)
     if ksd:
-        _attach_run_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options)
+        _attach_run_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options, diverged)
     return idata
 
 
-def _attach_run_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options):
-    """Score the run's draws and :func:`attach_ksd`, recording the time it took."""
+def _finish(idata, scores, sampling_time):
+    """Record ``sampling_time``, cast discrete sites, name the coordinate dims (in place);
+    return ``scores``."""
+    if sampling_time is not None:
+        idata.posterior.attrs["sampling_time"] = float(sampling_time)
+    cast_discrete(idata, scores.discrete_sites)
+    if "sample_stats" in idata.groups():
+        _name_coordinate_dims(idata, scores.coordinate_names)
+    return scores
+
+
+def _record_diverged(idata, mcmc) -> list:
+    """Find the run's diverged chains, warn, and record them in
+    ``sample_stats.attrs["diverged_chains"]`` (chain positions), in place; return them."""
+    diverged = diverged_chains(mcmc)
+    warn_diverged(diverged, idata.posterior.sizes["chain"], "the pooled KSD and posterior_summary")
+    if "sample_stats" not in idata.groups():
+        idata.add_groups(sample_stats=xr.Dataset(attrs={DIVERGED_ATTR: list(diverged)}))
+    idata.sample_stats.attrs[DIVERGED_ATTR] = list(diverged)
+    return diverged
+
+
+def _attach_run_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options, diverged=()):
+    """Score the run's draws and :func:`attach_ksd` (scales and pooled KSD without the
+    ``diverged`` chains), recording the time it took."""
     start = time.perf_counter()
     stein = stein_dataset(run_samples(mcmc), scores, ksd_draws)
-    scales = resolve_run_scales(preconditioner, stein, scores)
-    attach_ksd(idata, stein, scales, preconditioner, ksd_options)
+    scales = resolve_run_scales(preconditioner, _kept_chains(stein, diverged), scores)
+    attach_ksd(idata, stein, scales, preconditioner, ksd_options, diverged=diverged)
     idata.sample_stats.attrs["ksd_seconds"] = time.perf_counter() - start
 
 
-def _checked_ksd_options(mcmc, ksd_options) -> dict:
-    """``ksd_options`` as a dict, after checking that ``mcmc`` is a finished MCMC run."""
+def _kept_chains(stein, diverged):
+    """``stein`` without the ``diverged`` chains (all of it when none or every chain diverged)."""
+    keep = [c for c in range(stein.sizes["chain"]) if c not in set(diverged)]
+    return stein if not diverged or not keep else stein.isel(chain=keep)
+
+
+def _checked_ksd_options(mcmc, ksd_options, check=False) -> dict:
+    """``ksd_options`` as a dict, after checking that ``mcmc`` is a finished MCMC run (and, with
+    ``check``, its convergence: :func:`numpyro_sg.check_convergence`, for this package's kernels)."""
     if not hasattr(mcmc, "get_samples") or not hasattr(mcmc, "sampler"):
         raise TypeError(
             f"to_inference_data expects a numpyro.infer.MCMC object, got {type(mcmc).__name__}."
@@ -215,6 +248,8 @@ def _checked_ksd_options(mcmc, ksd_options) -> dict:
     unknown = set(ksd_options) - set(_KSD_OPTIONS)
     if unknown:
         raise TypeError(f"unknown ksd_options {sorted(unknown)}; allowed: {list(_KSD_OPTIONS)}.")
+    if check and hasattr(getattr(mcmc, "sampler", None), "convergence_report"):
+        check_convergence(mcmc)
     return ksd_options
 
 
@@ -248,7 +283,7 @@ def preconditioner_name(preconditioner) -> str:
     return preconditioner if isinstance(preconditioner, str) else "array"
 
 
-def attach_ksd(idata, stein, scales, preconditioner, options):
+def attach_ksd(idata, stein, scales, preconditioner, options, diverged=()):
     """Store a run's KSD in ``idata``, in place: per-chain ``ksd`` into ``sample_stats``, the
     pooled KSD and its settings into ``sample_stats.attrs``, and the ``stein`` group (with
     ``ksd_per_coordinate`` and the same settings in its attrs), replacing any earlier one.
@@ -261,6 +296,8 @@ def attach_ksd(idata, stein, scales, preconditioner, options):
         :func:`preconditioner_name`).
     :param dict options: options of :func:`numpyro_sg.diagnostics.ksd.ksd` (``c``, ``beta``,
         ``statistic``, ``block_size``).
+    :param diverged: positions of diverged chains: they get their per-chain ``ksd`` but are left
+        out of the pooled KSD and of ``ksd_per_coordinate`` (unless every chain diverged).
 
     **Example:**
 
@@ -278,8 +315,9 @@ def attach_ksd(idata, stein, scales, preconditioner, options):
     ((2,), (3,))
     """
     per_chain = ksd_of_stein(stein, scales, per_chain=True, **options)
-    pooled = ksd_of_stein(stein, scales, **options)
-    per_coord = ksd_of_stein(stein, scales, per_coordinate=True, **options)
+    kept = _kept_chains(stein, diverged)
+    pooled = ksd_of_stein(kept, scales, **options)
+    per_coord = ksd_of_stein(kept, scales, per_coordinate=True, **options)
     stein = stein.assign(ksd_per_coordinate=("coordinate", np.asarray(per_coord)))
     chains = idata.posterior["chain"].values
     ksd_var = xr.DataArray(per_chain, dims=("chain",), coords={"chain": chains})

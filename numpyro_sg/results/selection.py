@@ -24,8 +24,14 @@ Definitions (supp. §4.1):
 
 from __future__ import annotations
 
+import warnings
+
+import arviz as az
 import numpy as np
 import pandas as pd
+
+from numpyro_sg.diagnostics.convergence import ConvergenceWarning
+from numpyro_sg.results.chains import without_diverged
 
 __all__ = [
     "inclusion_probabilities",
@@ -145,10 +151,19 @@ def selection_summary(obj, beta_true=None, *, beta_name: str = "beta", thin: int
     Columns: ``variable`` (``names`` or the index), ``inclusion`` (marginal inclusion
     probability, :func:`inclusion_probabilities`), ``selected`` (median probability model,
     inclusion > ``threshold``), ``beta_hat`` (mean of the draws of ``beta_name`` thinned by
-    ``thin``) and, with ``beta_true``, ``beta_true``.  With ``beta_true`` the frame's ``attrs``
-    hold FSR, NSR, MSE1, MSE0 and num_selected (:func:`selection_metrics`); without it only
-    num_selected.  ``inclusion_name="inclusion_rb"`` summarises ESGLD's Rao-Blackwellised
-    inclusion instead of the indicator frequency.
+    ``thin``) and, with ``beta_true``, ``beta_true``.  With several chains, the agreement
+    between them: ``inclusion_sd`` (the sd across chains of each chain's inclusion
+    probability) and ``inclusion_r_hat`` (split-R̂ of the inclusion draws, ``arviz.rhat``; 1 for
+    a variable constant in every chain); a :class:`~numpyro_sg.ConvergenceWarning` names the
+    chains and variables when the chains' median probability models differ.  With
+    ``beta_true`` the frame's ``attrs`` hold FSR, NSR, MSE1, MSE0 and num_selected
+    (:func:`selection_metrics`); without it only num_selected; ``attrs["diverged_chains"]``
+    lists the chains left out.  ``inclusion_name="inclusion_rb"`` summarises ESGLD's
+    Rao-Blackwellised inclusion instead of the indicator frequency.
+
+    Diverged chains (:mod:`numpyro_sg.results.chains`: flagged by the kernel, or with
+    non-finite draws) are left out of every column, with a :class:`~numpyro_sg.DivergenceWarning`
+    naming them.
 
     **Example:**
 
@@ -158,27 +173,70 @@ def selection_summary(obj, beta_true=None, *, beta_name: str = "beta", thin: int
         df[df.selected]            # the selected variables
         df.attrs["FSR"], df.attrs["NSR"], df.attrs["MSE1"], df.attrs["MSE0"]
     """
+    obj, diverged = without_diverged(obj, "the inclusion probabilities and beta_hat")
     probs = inclusion_probabilities(obj, inclusion_name)
     sel = median_probability_model(probs, threshold)
     bhat = posterior_mean(obj, beta_name, thin)
     p = probs.shape[0]
     if names is not None and len(names) != p:
         raise ValueError(f"names has {len(names)} entries; the run has p = {p} variables.")
-    frame = pd.DataFrame({
-        "variable": np.arange(p) if names is None else list(names),
-        "inclusion": probs,
-        "selected": sel,
-        "beta_hat": bhat,
-    })
+    variables = list(range(p)) if names is None else list(names)
+    frame = pd.DataFrame({"variable": variables, "inclusion": probs, "selected": sel, "beta_hat": bhat})
+    frame.attrs.update(diverged_chains=list(diverged))
     if beta_true is None:
         frame.attrs.update(num_selected=int(sel.sum()))
-        return frame
-    btrue = np.asarray(beta_true, np.float64)
-    if btrue.shape != (p,):
-        raise ValueError(f"beta_true has shape {btrue.shape}; the run has p = {p} variables.")
-    frame["beta_true"] = btrue
-    frame.attrs.update(selection_metrics(sel, bhat, btrue))
+    else:
+        btrue = np.asarray(beta_true, np.float64)
+        if btrue.shape != (p,):
+            raise ValueError(f"beta_true has shape {btrue.shape}; the run has p = {p} variables.")
+        frame["beta_true"] = btrue
+        frame.attrs.update(selection_metrics(sel, bhat, btrue))
+    per_chain = _chain_inclusion(obj, inclusion_name)
+    if per_chain is not None and per_chain.shape[0] >= 2 and per_chain.shape[-1] == p:
+        _chain_agreement(frame, per_chain, threshold, variables)
     return frame
+
+
+def _chain_inclusion(obj, var_name):
+    """Inclusion draws per chain (chains, draws, p), float64; ``None`` when the run has no
+    chain axis (a dict of flattened draws, a 2-d array)."""
+    if hasattr(obj, "get_samples") or hasattr(obj, "posterior"):
+        samples = obj.get_samples(group_by_chain=True) if hasattr(obj, "get_samples") else \
+            {k: v.values for k, v in obj.posterior.data_vars.items()}
+        names = (var_name,) if var_name is not None else _INCLUSION_NAMES + _INDICATOR_NAMES
+        arr = next((samples[n] for n in names if n in samples), None)
+    elif isinstance(obj, dict):
+        return None
+    else:
+        arr = np.asarray(obj)
+        arr = arr if arr.ndim == 3 else None
+    if arr is None:
+        return None
+    arr = np.asarray(arr, np.float64)
+    return arr.reshape(arr.shape[0], arr.shape[1], -1)
+
+
+def _chain_agreement(frame, per_chain, threshold, variables):
+    """Add ``inclusion_sd`` and ``inclusion_r_hat`` to ``frame``; warn when the chains' median
+    probability models differ."""
+    chain_probs = per_chain.mean(axis=1)  # (chains, p)
+    frame["inclusion_sd"] = chain_probs.std(axis=0, ddof=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # constant indicators: arviz warns and gives NaN
+        rhat = np.asarray(az.rhat(az.convert_to_dataset({"x": per_chain}))["x"].values, np.float64)
+    frame["inclusion_r_hat"] = np.where(np.isfinite(rhat), rhat, 1.0)
+    chosen = chain_probs > threshold
+    differ = np.nonzero((chosen != chosen[0]).any(axis=0))[0]
+    if differ.size:
+        models = "; ".join(f"chain {c} selects {[variables[j] for j in np.nonzero(chosen[c])[0]]}"
+                           for c in range(len(chosen)))
+        warnings.warn(
+            f"the chains select different models (median probability models): {models}; they "
+            f"disagree on variable(s) {[variables[j] for j in differ]} (inclusion_sd and "
+            "inclusion_r_hat in the summary). The pooled inclusion probabilities average models "
+            "the chains have not agreed on: run longer, or with more chains, before trusting them.",
+            ConvergenceWarning, stacklevel=3,
+        )
 
 
 def relative_error(obj, theta_true, *, var_name: str = "beta", last: int | None = 1000):

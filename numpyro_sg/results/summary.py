@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from numpyro_sg.diagnostics.model_scores import STEIN_GROUP, ksd_of_stein, resolve_run_scales, stein_of
+from numpyro_sg.results.chains import without_diverged
 from numpyro_sg.results.inference_data import to_inference_data
 
 __all__ = ["posterior_summary"]
@@ -24,7 +25,8 @@ def posterior_summary(idata, *, preconditioner="stored", model=None, model_args=
     on the row of the matching posterior entry (``theta[3]``; a positive site's row shows the
     KSD of its log). Rows with no matching coordinate (deterministic sites, indicators, sites
     whose unconstrained shape differs, such as a simplex) show NaN. ``inclusion_prob`` is the
-    posterior mean of each 0/1 indicator (the marginal inclusion probability).
+    posterior mean of each 0/1 indicator (the marginal inclusion probability).  Diverged chains
+    (:mod:`numpyro_sg.results.chains`) are left out, with a :class:`~numpyro_sg.DivergenceWarning`.
 
     :param idata: an ``InferenceData`` from :func:`~numpyro_sg.to_inference_data` (its
         ``stein`` group is used), or any ``InferenceData``/``MCMC`` together with ``model=``
@@ -56,6 +58,7 @@ def posterior_summary(idata, *, preconditioner="stored", model=None, model_args=
             idata, model=model, model_args=model_args, model_kwargs=model_kwargs,
             preconditioner="sd" if stored else preconditioner,
         )
+    idata, _ = without_diverged(idata, "the summary")
     table = az.summary(idata, **kwargs)
     if STEIN_GROUP in idata.groups() or model is not None:
         per_coord = _per_coordinate_ksd(idata, preconditioner, stored, model, model_args, model_kwargs)

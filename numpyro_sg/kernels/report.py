@@ -1,0 +1,106 @@
+r"""The gradient kernels' end-of-run report: causes a kernel can name that R̂ and ESS cannot.
+
+:meth:`numpyro_sg.kernels.gradient.GradientKernel.convergence_report` measures, from the
+moments each chain collected over its kept draws (Welford sums in the flat parameter space), the
+draws against the Laplace approximation N(θ̂, L·Lᵀ) at the warmup's mode θ̂:
+
+* **frozen chains**: a chain whose draws spread over less than :data:`FROZEN_SPREAD` Laplace sds
+  along every direction barely moves.  With the default preconditioner the step size is in
+  posterior sds, so a paper's absolute step (say 10⁻⁶) given to a preconditioned kernel is a step
+  of 10⁻⁶ posterior sds: the report names the units and how to give an absolute step
+  (``preconditioner=None, gradient="plain"``), rather than blaming the posterior's shape;
+* **Laplace misfit**: the pooled draws' mean and covariance far from the Laplace approximation
+  (the posterior is far from Gaussian), reported only when no chain is frozen.
+
+Each finding is a pair ``(problem, remedy)`` (a triple ending in ``True`` when the cause also
+explains why the chains disagree): :func:`numpyro_sg.check_convergence` lists the problems and,
+when a kernel names a cause, suggests that cause's remedy instead of generic ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from numpyro_sg.infer.preconditioner import laplace_misfit, pool_moments
+
+__all__ = ["FROZEN_SPREAD", "chain_moments", "frozen_chains", "frozen_report", "misfit_report"]
+
+#: a chain whose draws' sd is below this many Laplace sds along every direction barely moves
+#: (a chain sampling the posterior spreads over about one)
+FROZEN_SPREAD = 0.1
+
+
+def chain_moments(moments, dim: int):
+    """Per-chain ``(counts (C,), means (C, d), m2s (C, d, d) or (C, d))`` (Welford sums of squared
+    deviations) from the running moments of one chain or of vectorized chains (numpy, float64)."""
+    counts = np.asarray(moments.count, np.float64).reshape(-1)
+    chains = len(counts)
+    means = np.asarray(moments.mean, np.float64).reshape(chains, dim)
+    m2 = np.asarray(moments.m2, np.float64)
+    return counts, means, m2.reshape((chains, dim, dim) if m2.size == chains * dim * dim else (chains, dim))
+
+
+def _largest_whitened_sd(P, cov) -> float:
+    """sqrt of the largest variance of one chain's draws in Laplace sds (whitened by L)."""
+    if P.chol is not None:
+        Linv = np.linalg.inv(np.asarray(P.chol, np.float64))
+        C = cov if cov.ndim == 2 else np.diag(cov)
+        return float(np.sqrt(max(np.linalg.eigvalsh(Linv @ C @ Linv.T).max(), 0.0)))
+    scale = np.ones(cov.shape[0]) if P.scale is None else np.asarray(P.scale, np.float64)
+    var = np.diag(cov) if cov.ndim == 2 else cov
+    return float(np.sqrt(max((var / scale**2).max(), 0.0)))
+
+
+def frozen_chains(P, counts, m2s, diverging, min_count: int = 50) -> dict:
+    """``{chain: largest sd in Laplace sds}`` of the chains (not diverged, with at least
+    ``min_count`` kept draws) that spread over less than :data:`FROZEN_SPREAD` Laplace sds."""
+    diverging = np.broadcast_to(np.asarray(diverging, bool).reshape(-1), counts.shape)
+    found = {}
+    for c in range(len(counts)):
+        if counts[c] >= min_count and not diverging[c]:
+            spread = _largest_whitened_sd(P, m2s[c] / max(counts[c] - 1.0, 1.0))
+            if spread < FROZEN_SPREAD:
+                found[c] = spread
+    return found
+
+
+def frozen_report(frozen: dict, preconditioner, step_size) -> tuple:
+    """The ``(problem, remedy, True)`` of chains that barely move: the step size's units are the
+    cause (``True``: it also explains why the chains disagree, see
+    :func:`numpyro_sg.check_convergence`)."""
+    steps = np.unique(np.asarray(step_size, np.float64).reshape(-1))
+    step = f"{steps[0]:.3g}" if steps.size == 1 else f"{steps.min():.3g}–{steps.max():.3g}"
+    problem = (f"chain(s) {sorted(frozen)} barely move: their draws spread over at most "
+               f"{max(frozen.values()):.2g} posterior sds (Laplace sds at the warmup's mode) along "
+               f"any direction, with step_size {step}")
+    if preconditioner is None:
+        remedy = (f"with preconditioner=None, step_size is in the parameters' own units, and {step} "
+                  "is far smaller than the posterior's sds: increase it, or drop preconditioner=None "
+                  "and leave step_size=None (a step calibrated in posterior sds)")
+    else:
+        units = ("posterior sds with the default preconditioner='laplace'" if isinstance(preconditioner, str)
+                 else "the scales of the preconditioner array you gave")
+        remedy = (f"step sizes are in the preconditioner's units — {units} — so step_size={step} is a step of "
+                  f"about {step} posterior sds. Leave step_size=None for the calibrated default or "
+                  "give a step in posterior sds (of order 0.1–1); to use an absolute step (as in "
+                  "the papers), pass preconditioner=None, gradient='plain'")
+    return problem, remedy, True  # frozen chains also explain why the chains disagree
+
+
+def misfit_report(fit, counts, means, m2s, limits) -> list:
+    """``[(problem, remedy)]`` when the pooled draws are far from the Laplace approximation
+    (``limits``: the largest whitened mean offset and the range of whitened eigenvalues)."""
+    _, mean, cov = pool_moments(counts, means, m2s)
+    offset, low, high = laplace_misfit(fit.preconditioner, fit.mode, mean, cov)
+    max_offset, (lo, hi) = limits
+    if offset <= max_offset and lo <= low and high <= hi:
+        return []
+    return [(
+        f"the draws are far from the Laplace approximation at the warmup's mode (their mean "
+        f"is up to {offset:.2g} Laplace sds from the mode, their variance {low:.2g}–{high:.2g} "
+        "times the Laplace variance along some directions): the posterior is far from "
+        "Gaussian, where the default step sizes, calibrated on near-Gaussian posteriors, can "
+        "be biased",
+        "check against NUTS (numpyro_sg.nuts_reference), or use a smaller step_size and "
+        "preconditioner='adapt'",
+    )]
