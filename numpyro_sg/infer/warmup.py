@@ -3,6 +3,9 @@ r"""Warmup of the gradient-based kernels: the mode, the Laplace preconditioner, 
 Before the chains start (inside the kernel's ``init``, so it counts in ``MCMC.run``'s time),
 :func:`find_mode` locates a mode θ̂ of the log posterior on NumPyro's unconstrained space:
 
+0. **multi-start** — ``num_starts`` short Adam ascents (the usual start below, the init
+   strategy's draw, uniform and prior draws); the best end point by full-data log density is
+   the start of step 1 (:mod:`~numpyro_sg.infer.multistart`: multimodal posteriors);
 1. **stochastic optimisation** — ``optimizer_steps`` Adam steps (optax, cosine-decayed
    learning rate) on mini-batch estimates of ∇ log π, from the unconstrained zero point (the
    chain-0 draw of ``init_to_uniform`` if the log density is not finite there; coordinates
