@@ -216,8 +216,8 @@ class ModeFit:
                 f"below the one found (log density {self.log_density:.6g}): the posterior is "
                 "multimodal (e.g. a mixture's label switching or empty components). The chains "
                 "start at the highest mode found and explore it only; raise warmup_options="
-                "{'num_starts': …} to search more widely, or check whether the lower modes "
-                "matter (e.g. run chains from init_strategy with preconditioner='adapt').")
+                "{'num_starts': …} to search more widely (the starts' end log densities are in "
+                "kernel.mode_fit.start_log_densities).")
 
     @property
     def scales(self) -> np.ndarray:
