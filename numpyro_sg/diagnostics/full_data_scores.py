@@ -25,6 +25,7 @@ from numpyro.distributions.transforms import biject_to
 from numpyro.infer.util import potential_energy, unconstrain_fn
 
 from numpyro_sg.infer.minibatch import discover_plates, full_data
+from numpyro_sg.infer.model_info import improper_to_uniform
 
 __all__ = ["full_data_model", "ModelScores"]
 
@@ -115,7 +116,8 @@ class ModelScores:
         out = {}
 
         def record():
-            tr = handlers.trace(handlers.seed(self.model, 0)).get_trace(
+            seeded = handlers.seed(self.model, 0)  # improper priors have no draw: see trace_model
+            tr = handlers.trace(handlers.substitute(seeded, substitute_fn=improper_to_uniform)).get_trace(
                 *self.model_args, **self.model_kwargs
             )
             for name, site in tr.items():

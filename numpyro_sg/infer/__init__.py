@@ -14,5 +14,7 @@
   preconditioner of a Hessian;
 * :mod:`~numpyro_sg.infer.laplace`: damped Newton steps (one loop) and the Laplace approximation;
 * :mod:`~numpyro_sg.infer.warmup_options` and :mod:`~numpyro_sg.infer.warmup`: the mode search
-  that sets the preconditioner, the control-variate anchor and the chains' starting points.
+  that sets the preconditioner, the control-variate anchor and the chains' starting points;
+* :mod:`~numpyro_sg.infer.multistart`: the mode search's multi-start phase (multimodal
+  posteriors).
 """

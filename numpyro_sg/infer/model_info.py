@@ -25,6 +25,7 @@ from numpyro.distributions import constraints
 from numpyro.distributions.distribution import validation_enabled
 from numpyro.distributions.transforms import biject_to
 from numpyro.handlers import seed, substitute, trace
+from numpyro.infer import init_to_uniform
 from numpyro.primitives import Messenger
 from numpyro.util import is_prng_key
 
@@ -38,6 +39,7 @@ __all__ = [
     "base_distribution",
     "is_binary",
     "is_real",
+    "improper_to_uniform",
 ]
 
 
@@ -239,12 +241,23 @@ def _latent_values(tr):
     return unconstrained, constrained
 
 
+def improper_to_uniform(site):
+    """``init_to_uniform``'s value for a latent site with an improper prior
+    (``dist.ImproperUniform``, which cannot be sampled), ``None`` (no substitution) elsewhere:
+    the substitution that lets a model with such a site be traced without an init strategy."""
+    if (site["type"] == "sample" and not site["is_observed"]
+            and isinstance(base_distribution(site["fn"]), dist.ImproperUniform)):
+        return init_to_uniform(site)
+    return None
+
+
 def trace_model(model: Callable, model_args=(), model_kwargs=None, *, init_strategy=None,
                 rng_key=None) -> ModelInfo:
     """Trace ``model`` once and describe it (see :class:`ModelInfo`).
 
     Every subsample plate runs on its first n indices (no O(N) index draw) and distribution
-    validation is off.  With ``init_strategy`` (a NumPyro init strategy such as
+    validation is off; a latent site with an improper prior (``dist.ImproperUniform``) takes
+    :func:`improper_to_uniform`'s value (it has no prior draw).  With ``init_strategy`` (a NumPyro init strategy such as
     ``init_to_uniform``) and ``rng_key`` (a key, or a batch of keys for several chains, in
     which case the single trace is vectorised with ``jax.vmap``), the initial values of the
     latent sites are drawn in the same trace.
@@ -270,9 +283,7 @@ def trace_model(model: Callable, model_args=(), model_kwargs=None, *, init_strat
     recorded: dict = {}
 
     def run(key):
-        fn = seed(model, key)
-        if init_strategy is not None:
-            fn = substitute(fn, substitute_fn=init_strategy)
+        fn = substitute(seed(model, key), substitute_fn=init_strategy or improper_to_uniform)
         rec = record_subsample(first_indices(fn))
         with validation_enabled(False):
             tr = trace(rec).get_trace(*model_args, **model_kwargs)

@@ -3,6 +3,9 @@ r"""Warmup of the gradient-based kernels: the mode, the Laplace preconditioner, 
 Before the chains start (inside the kernel's ``init``, so it counts in ``MCMC.run``'s time),
 :func:`find_mode` locates a mode θ̂ of the log posterior on NumPyro's unconstrained space:
 
+0. **multi-start** — ``num_starts`` short Adam ascents (the usual start below, the init
+   strategy's draw, uniform and prior draws); the best end point by full-data log density is
+   the start of step 1 (:mod:`~numpyro_sg.infer.multistart`: multimodal posteriors);
 1. **stochastic optimisation** — ``optimizer_steps`` Adam steps (optax, cosine-decayed
    learning rate) on mini-batch estimates of ∇ log π, from the unconstrained zero point (the
    chain-0 draw of ``init_to_uniform`` if the log density is not finite there; coordinates
@@ -45,6 +48,7 @@ import optax
 from jax import random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer import init_to_uniform
+from tqdm.auto import tqdm
 
 from numpyro_sg.infer.curvature import (
     dense_or_fallback,
@@ -59,8 +63,9 @@ from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.laplace import NewtonResult, damped_newton
 from numpyro_sg.infer.minibatch import Anchor, Minibatcher, noise_groups
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
+from numpyro_sg.infer.multistart import break_symmetry, explore_starts, start_candidates, usual_start
 from numpyro_sg.infer.plates import subsample_plates
-from numpyro_sg.infer.preconditioner import Preconditioner, from_working
+from numpyro_sg.infer.preconditioner import Preconditioner, from_working, to_working
 from numpyro_sg.infer.warmup_options import ModeFit, WarmupOptions
 
 #: ``laplace_preconditioner``, ``whitened_top_eigenvalue`` and ``noise_heat_of`` live in
@@ -127,6 +132,15 @@ class _WarmupPrograms:
                                                     key, steps))
         return adam(x, key)
 
+    def adam_many(self, xs, keys, steps: int, batches: dict):
+        """:meth:`adam` from each row of xs (one vectorised program; the multi-start phase)."""
+        plates = [dataclasses.replace(p, subsample_size=batches[p.size]) for p in self.mb.plates]
+        mb_opt = Minibatcher(self.mb.model, plates, replace=True)
+        options = dataclasses.replace(self.options, learning_rate=self.options.start_learning_rate)
+        adam = self._jit(lambda xs, keys, a, k: jax.vmap(lambda x, key: _adam(
+            self.log_density(a, k), mb_opt, x, options, key, steps))(xs, keys))
+        return adam(xs, keys)
+
     def fisher_curvature(self, x, key):
         """−diag H(x) as the likelihood's Fisher diagonal minus the prior's Hutchinson diagonal
         (one subsample plate), float64."""
@@ -180,39 +194,6 @@ def _cv_noise_sd(mb: Minibatcher, flat_ld, y, key, anchor_point, anchor_grad):
     idx = {plate.name: draw_with_replacement(key, plate.size, n)}
     k = noise_groups(n, y.shape[0])
     return mb.value_grad_noise(flat_ld, y, idx, anchor=Anchor(anchor_point, anchor_grad), groups=k)[2]
-
-
-
-def break_symmetry(x, grad, key, scale):
-    """x + ``scale``·ξ (ξ ~ N(0, I)) in the coordinates where ``grad`` is exactly 0, x elsewhere.
-
-    At the zero point a model with a product of parameters (matrix factorisation, U·Vᵀ) sits
-    on a saddle where the gradient of every factor vanishes exactly by symmetry, and gradient
-    ascent never leaves it; perturbing those coordinates (and only those, so a model whose
-    gradient is non-zero everywhere starts exactly at zero as before) breaks the symmetry.
-    """
-    xi = random.normal(key, x.shape, x.dtype)
-    return jnp.where(grad == 0, x + scale * xi, x)
-
-
-def _start(full_vg, info: ModelInfo, unravel_dim, dtype, key=None, scale=0.1):
-    """The unconstrained zero point (its exact-zero-gradient coordinates perturbed,
-    :func:`break_symmetry`), or chain 0's initial draw where log π is not finite there."""
-    zero = jnp.zeros(unravel_dim, dtype)
-    value, grad = full_vg(zero)
-    if np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad))):
-        if key is None or scale == 0 or not np.any(np.asarray(grad) == 0):
-            return zero
-        return break_symmetry(zero, grad, key, scale)
-    if info.init_values is None:
-        raise ValueError(
-            "the warmup's mode search starts at the unconstrained zero point, where the model's "
-            "log density is not finite; pass init_strategy= (e.g. numpyro.infer.init_to_uniform) "
-            "so the search can start from its draw."
-        )
-    first = {k: v[0] if jnp.ndim(v) > len(info.sites[k].unconstrained_shape) else v
-             for k, v in info.init_values.items()}
-    return ravel_pytree(first)[0].astype(dtype)
 
 
 
@@ -299,27 +280,58 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
     key_opt, key_hess, key_probe = random.split(random.PRNGKey(options.seed), 3)
     rows = _hessian_rows(mb.plates, options.hessian_rows, key_hess)
     programs = _WarmupPrograms(mb, unravel, model_args, model_kwargs or {}, options, rows)
-    x = _start(programs.full_value_and_grad, info, d, dtype, random.fold_in(key_probe, 1),
-               options.symmetry_jitter)
-    steps, batches = options.optimizer_plan(d, [(p.size, p.subsample_size) for p in mb.plates])
-    if steps > 0:
-        x = programs.adam(x, key_opt, steps, batches)
     dense = d <= options.dense_max
-    if dense:
-        curvature = programs.dense_curvature
-    else:
-        def curvature(y):
-            return programs.diagonal_curvature(y, key_probe)
-    newton = _newton(programs.full_value_and_grad, x, curvature, options, dense, dtype)
-    (x, (value, grad)) = newton.point, newton.state
-    precond, stiffness, noise_heat = _mode_preconditioner(programs, x, grad, curvature, dense,
-                                                          key_probe, dtype)
+    with tqdm(total=3 + options.newton_steps, desc="warmup: mode search", leave=False,
+              disable=not options.show_progress()) as bar:
+        x, start_values, start_grads = _optimise(programs, info, d, dtype, key_opt, key_probe, bar)
+        bar.set_postfix_str("Newton")
+        if dense:
+            def curvature(y):
+                bar.update(1)
+                return programs.dense_curvature(y)
+        else:
+            def curvature(y):
+                bar.update(1)
+                return programs.diagonal_curvature(y, key_probe)
+        newton = _newton(programs.full_value_and_grad, x, curvature, options, dense, dtype)
+        (x, (value, grad)) = newton.point, newton.state
+        bar.set_postfix_str("preconditioner")
+        precond, stiffness, noise_heat = _mode_preconditioner(programs, x, grad, curvature, dense,
+                                                              key_probe, dtype)
     return ModeFit(
         mode=jnp.asarray(x, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value),
         preconditioner=precond, converged=newton.converged, newton_steps=newton.steps,
         seconds=time.perf_counter() - start_time, stiffness=float(stiffness),
-        noise_heat=float(noise_heat),
+        noise_heat=float(noise_heat), start_log_densities=tuple(float(v) for v in start_values),
+        start_gradient_norms=tuple(float(np.linalg.norm(to_working(precond, jnp.asarray(g, dtype))))
+                                   for g in start_grads),
     )
+
+
+def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe, bar):
+    """The start and the stochastic optimisation (module docstring, step 1), after the
+    multi-start phase (:mod:`~numpyro_sg.infer.multistart`): ``(point, the starts' end log
+    densities and full-data gradients)``; ``bar`` the progress bar."""
+    options, mb = programs.options, programs.mb
+    x = usual_start(programs.full_value_and_grad, info, d, dtype, random.fold_in(key_probe, 1),
+               options.symmetry_jitter)
+    steps, batches = options.optimizer_plan(d, [(p.size, p.subsample_size) for p in mb.plates])
+    values, grads = (), ()
+    if options.num_starts > 1 and options.start_steps > 0 and steps > 0:
+        bar.set_postfix_str(f"{options.num_starts} starts")
+        model_args, model_kwargs = programs.data
+        starts = start_candidates(x, info, model_args, model_kwargs, options.num_starts,
+                                  random.fold_in(key_opt, 3))
+        small = {p.size: min(p.subsample_size, options.start_batch_size) for p in mb.plates}
+        x, values, grads = explore_starts(
+            starts, lambda xs, keys, n: programs.adam_many(xs, keys, n, small),
+            programs.full_value_and_grad, random.fold_in(key_opt, 4), options.start_steps)
+    bar.update(1)
+    if steps > 0:
+        bar.set_postfix_str("optimizer")
+        x = programs.adam(x, key_opt, steps, batches)
+    bar.update(1)
+    return x, values, grads
 
 
 def fit_model_mode(model, model_args=(), model_kwargs=None, options: WarmupOptions | None = None):

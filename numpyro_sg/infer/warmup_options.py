@@ -4,6 +4,7 @@ itself is :func:`numpyro_sg.infer.warmup.find_mode`."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,22 @@ class WarmupOptions:
         direction as with a dense preconditioner (λ = 1 for uncoupled coordinates: no change;
         the factor 2λ − 1 rather than λ is a margin for power iteration's underestimate and
         for curvature growing away from the mode — BAOAB's default diverged on BPMF with √λ).
+    :param int num_starts: starts of the multi-start phase (:mod:`~numpyro_sg.infer.multistart`:
+        the usual start, the init strategy's draw, uniform and prior draws), each followed by
+        ``start_steps`` Adam steps on mini-batches; the search goes on from the end point with
+        the highest full-data log density.  1 disables the phase (one start, as before).
+    :param int start_steps: Adam steps per start (default 200).
+    :param int start_batch_size: their mini-batch size (at most the plate's n).
+    :param float start_learning_rate: their initial learning rate (cosine-decayed to 1% of
+        it); larger than ``learning_rate`` so that a start can cross the data's scale (Adam
+        moves each coordinate by about the learning rate per step).
+    :param float multimodal_gap: the kernels warn (``ConvergenceWarning``) when some start
+        ended at a log density more than this many nats below the mode found
+        (:meth:`ModeFit.multimodality`): the posterior has several modes, and the chains
+        explore one.
+    :param progress_bar: show the mode search's phases with ``tqdm`` (on ``stderr``); default
+        ``None``: when ``stderr`` is a terminal.  (NumPyro's ``MCMC(progress_bar=…)`` does not
+        reach a kernel's ``init``, where the search runs.)
     """
 
     optimizer_steps: int | None = None
@@ -91,6 +108,19 @@ class WarmupOptions:
     large_d_epochs: int = 100
     max_noise_heat: float | None = 0.1
     noise_points: int = 4
+    num_starts: int = 8
+    start_steps: int = 200
+    start_batch_size: int = 256
+    start_learning_rate: float = 0.2
+    multimodal_gap: float = 20.0
+    progress_bar: bool | None = None
+
+    def show_progress(self) -> bool:
+        """Whether the mode search shows a progress bar (``progress_bar``; default: when
+        ``stderr`` is a terminal)."""
+        if self.progress_bar is None:
+            return bool(getattr(sys.stderr, "isatty", lambda: False)())
+        return bool(self.progress_bar)
 
     def optimizer_plan(self, d: int, sizes) -> tuple:
         """``(steps, {plate size N: batch size})`` of the Adam phase for a model with d
@@ -138,6 +168,10 @@ class ModeFit:
     :ivar noise_heat: h, the 90% quantile over coordinates of τ̂_w²/4 — the extra variance a
         unit Langevin step gets from the control-variate gradient noise, relative to its
         injected noise — with that preconditioner (before ``max_noise_heat`` shrank it).
+    :ivar start_log_densities: full-data log densities at the end points of the multi-start
+        phase's short ascents (:mod:`~numpyro_sg.infer.multistart`; empty when it did not run).
+    :ivar start_gradient_norms: ‖Lᵀ∇ log π‖ there, the gradient in the units of the Laplace
+        preconditioner L found at the mode.
     """
 
     mode: Any
@@ -149,6 +183,41 @@ class ModeFit:
     seconds: float
     stiffness: float = 1.0
     noise_heat: float = 0.0
+    start_log_densities: tuple = ()
+    start_gradient_norms: tuple = ()
+
+    def local_modes(self, gap: float = 20.0) -> np.ndarray:
+        """Which starts ended in a local mode more than ``gap`` nats below the mode found.
+
+        An end point x, Δ = log π(θ̂) − log π(x) below it with whitened gradient w = Lᵀ∇ log π(x),
+        counts when the quadratic (Laplace) model does not explain Δ — Δ − ‖w‖²/2 > ``gap``: a
+        start stopped short on the slope of θ̂'s own basin has Δ ≈ ‖w‖²/2 — and ‖w‖ ≤ 5√d (a
+        start stopped far out in a tail, where log π is about linear, has a large gradient).
+        """
+        values = np.asarray(self.start_log_densities, np.float64)
+        norms = np.asarray(self.start_gradient_norms, np.float64)
+        if len(values) == 0 or len(norms) != len(values):
+            return np.zeros(len(values), bool)
+        d = np.size(self.mode)
+        finite = np.isfinite(values) & np.isfinite(norms)
+        excess = np.where(finite, self.log_density - values - 0.5 * np.where(finite, norms, 0.0) ** 2,
+                          -np.inf)
+        return finite & (norms <= 5 * np.sqrt(d)) & (excess > gap)
+
+    def multimodality(self, gap: float = 20.0) -> str | None:
+        """A warning's text when some starts of the multi-start phase ended more than ``gap``
+        nats below the mode found (local modes of a multimodal posterior), else ``None``."""
+        values = np.asarray(self.start_log_densities, np.float64)
+        low = values[self.local_modes(gap)]
+        if len(low) == 0:
+            return None
+        return (f"{len(low)} of {len(values)} starts of the warmup's mode search ended in modes "
+                f"{self.log_density - np.max(low):.3g} to {self.log_density - np.min(low):.3g} nats "
+                f"below the one found (log density {self.log_density:.6g}): the posterior is "
+                "multimodal (e.g. a mixture's label switching or empty components). The chains "
+                "start at the highest mode found and explore it only; raise warmup_options="
+                "{'num_starts': …} to search more widely (the starts' end log densities are in "
+                "kernel.mode_fit.start_log_densities).")
 
     @property
     def scales(self) -> np.ndarray:

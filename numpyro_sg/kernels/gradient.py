@@ -176,6 +176,9 @@ class GradientKernel(SGKernel):
                 "'optimizer_steps': …}, or pass init_strategy and preconditioner='adapt'.",
                 ConvergenceWarning, stacklevel=4,
             )
+        message = fit.multimodality(self.warmup_options.multimodal_gap)
+        if message:
+            warnings.warn(f"{type(self).__name__}: {message}", ConvergenceWarning, stacklevel=4)
         return fit
 
     def _geometry(self, fit: ModeFit | None, dim: int, dtype):

@@ -53,6 +53,7 @@ from numpyro_sg.diagnostics.model_scores import (
     run_samples,
     stein_dataset,
 )
+from numpyro_sg.infer.model_info import improper_to_uniform
 from numpyro_sg.results.chains import DIVERGED_ATTR, diverged_chains, warn_diverged
 
 
@@ -76,7 +77,8 @@ def _observed_size(model, model_args, model_kwargs) -> int:
     """Number of scalar log-likelihood terms of the model's observed sites (full data)."""
 
     def sizes():
-        tr = handlers.trace(handlers.seed(model, 0)).get_trace(*model_args, **model_kwargs)
+        tr = handlers.trace(handlers.substitute(handlers.seed(model, 0), substitute_fn=improper_to_uniform)
+                            ).get_trace(*model_args, **model_kwargs)
         return {
             name: site["fn"].log_prob(site["value"])
             for name, site in tr.items()
