@@ -9,6 +9,10 @@ and runs 300 iterations first.  Fastest of ``--repeats`` rounds.
 * ratio exact / async at p = 5,000, N = 2,500 (§4.1 set-up, ϱ = 0, J = 100);
 * async time per iteration at p = 1,000, 5,000, 20,000 with N = 500, |δ| ≈ 10 and J = 100 fixed.
 
+Scaling (``--part scaling``, ``--family linear`` or ``logistic``): per-iteration time of async
+(and exact, for reference) at p = 1,000, 2,000, 4,000, 8,000 with N = 500, J = 100, measured as
+above, and the ratio p = 8,000 / p = 1,000 (O(N·(size(δ) + J)) per iteration: flat in p).
+
 Accuracy (``--part accuracy``): relative error 𝓔 (mean over the last 1,000 iterations of
 ‖θ·δ − θ*‖/‖θ*‖) of exact and async on §4.1 linear data, p = 1,000 (N = 500), ϱ ∈ {0, 0.9},
 ``--seeds`` data sets, 2,000 iterations (1,000 warmup + 1,000 kept), J = 100, paper priors
@@ -19,6 +23,8 @@ started at the true support (the paper starts at a lasso fit).
 Usage::
 
     python benchmarks/bench_sparse_async.py --part speed
+    python benchmarks/bench_sparse_async.py --part scaling --repeats 3 --family linear
+    python benchmarks/bench_sparse_async.py --part scaling --repeats 3 --family logistic
     python benchmarks/bench_sparse_async.py --part accuracy --seeds 3
     python benchmarks/bench_sparse_async.py --part accuracy --seeds 3 --rho 0.9 --sensitive
     python benchmarks/bench_sparse_async.py --part accuracy --seeds 3 --p 5000 --rho 0
@@ -41,8 +47,9 @@ from numpyro_sg import datasets as ds
 from numpyro_sg.results.selection import relative_error
 
 
-def _per_iteration(variant, X, y, truth, repeats=2, short=100, long=400, J=100, seed=0):
-    kernel = nsg.SparseAsync(ds.sparse_async_linear_model, variant=variant, update_size=J)
+def _per_iteration(variant, X, y, truth, repeats=2, short=100, long=400, J=100, seed=0,
+                   model=ds.sparse_async_linear_model):
+    kernel = nsg.SparseAsync(model, variant=variant, update_size=J)
     args = (jnp.asarray(X), jnp.asarray(y))
     # start at the true support so that |δ| ≈ 10 in every configuration
     init = {"theta": jnp.asarray(truth), "delta": jnp.asarray((truth != 0).astype(np.int32))}
@@ -82,6 +89,26 @@ def speed(repeats):
         print(f"async, N = 500, p = {p:6d}: {t * 1e3:.3f} ms/iteration (|δ| = {k})", flush=True)
     out["growth_p1000_to_p20000"] = out["async_N500_p20000"] / out["async_N500_p1000"]
     print(f"growth of async's time per iteration, p = 1,000 → 20,000: {out['growth_p1000_to_p20000']:.2f}×")
+    return out
+
+
+def scaling(repeats, family="linear"):
+    """Per-iteration ms at p = 1,000 … 8,000, N = 500, J = 100: async (and exact, for reference)."""
+    out = {}
+    simulate, model = {
+        "linear": (ds.simulate_sparse_linear, ds.sparse_async_linear_model),
+        "logistic": (ds.simulate_sparse_logistic, ds.sparse_async_logistic_model),
+    }[family]
+    for variant in ("async", "exact"):
+        for p in (1000, 2000, 4000, 8000):
+            X, y, truth = simulate(p, num_data=500, seed=0)
+            t, k = _per_iteration(variant, X, y, truth, repeats, model=model)
+            out[f"{family}_{variant}_p{p}"] = t
+            print(f"{family} {variant:5s} N = 500, p = {p:5d}: {t * 1e3:.3f} ms/iteration (|δ| = {k})",
+                  flush=True)
+        ratio = out[f"{family}_{variant}_p8000"] / out[f"{family}_{variant}_p1000"]
+        out[f"{family}_{variant}_ratio_p8000_over_p1000"] = ratio
+        print(f"{family} {variant}: ratio p = 8,000 / p = 1,000: {ratio:.2f}", flush=True)
     return out
 
 
@@ -137,16 +164,20 @@ def logistic(seeds, p=1000):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("speed", "accuracy", "logistic"), default="speed")
+    ap.add_argument("--part", choices=("speed", "scaling", "accuracy", "logistic"), default="speed")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--p", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--rho", type=float, nargs="+", default=[0.0, 0.9])
     ap.add_argument("--sensitive", action="store_true", help="also run async with taylor='sensitive'")
+    ap.add_argument("--family", choices=("linear", "logistic"), default="linear",
+                    help="the likelihood of --part scaling")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.part == "speed":
         res = speed(a.repeats)
+    elif a.part == "scaling":
+        res = scaling(a.repeats, a.family)
     elif a.part == "accuracy":
         res = accuracy(a.seeds, a.p, tuple(a.rho), a.sensitive)
     else:
