@@ -11,7 +11,7 @@ and runs 300 iterations first.  Fastest of ``--repeats`` rounds.
 
 Scaling (``--part scaling``, ``--family linear`` or ``logistic``): per-iteration time of async
 (and exact, for reference) at p = 1,000, 2,000, 4,000, 8,000 with N = 500, J = 100, measured as
-above, and the ratio p = 8,000 / p = 1,000 (O(N·(size(δ) + J)) per iteration: flat in p).
+above (the four sizes timed in interleaved rounds), and the ratio p = 8,000 / p = 1,000 (O(N·(size(δ) + J)) per iteration: flat in p).
 
 Accuracy (``--part accuracy``): relative error 𝓔 (mean over the last 1,000 iterations of
 ‖θ·δ − θ*‖/‖θ*‖) of exact and async on §4.1 linear data, p = 1,000 (N = 500), ϱ ∈ {0, 0.9},
@@ -47,8 +47,8 @@ from numpyro_sg import datasets as ds
 from numpyro_sg.results.selection import relative_error
 
 
-def _per_iteration(variant, X, y, truth, repeats=2, short=100, long=400, J=100, seed=0,
-                   model=ds.sparse_async_linear_model):
+def _loops(variant, X, y, truth, short=100, long=400, J=100, seed=0, model=ds.sparse_async_linear_model):
+    """``(state after 300 iterations, args, {n: compiled loop of n iterations})``."""
     kernel = nsg.SparseAsync(model, variant=variant, update_size=J)
     args = (jnp.asarray(X), jnp.asarray(y))
     # start at the true support so that |δ| ≈ 10 in every configuration
@@ -61,16 +61,31 @@ def _per_iteration(variant, X, y, truth, repeats=2, short=100, long=400, J=100, 
 
         return jax.jit(run).lower(state, *args).compile()
 
-    warm = loop(300)
-    state = jax.block_until_ready(warm(state, *args))
-    f_short, f_long = loop(short), loop(long)
-    best = {short: np.inf, long: np.inf}
+    state = jax.block_until_ready(loop(300)(state, *args))
+    return state, args, {short: loop(short), long: loop(long)}
+
+
+def _time_loops(configs, repeats):
+    """Per-iteration seconds of each ``_loops`` result: the fastest of ``repeats`` rounds of each
+    run length (the configurations interleaved within a round, so that a change of machine load
+    hits them all), long minus short over the difference of lengths."""
+    best = [{n: np.inf for n in loops} for _, _, loops in configs]
     for _ in range(repeats):
-        for n, f in ((short, f_short), (long, f_long)):
-            t = time.perf_counter()
-            jax.block_until_ready(f(state, *args))
-            best[n] = min(best[n], time.perf_counter() - t)
-    return (best[long] - best[short]) / (long - short), int(state.model_size)
+        for (state, args, loops), b in zip(configs, best):
+            for n, f in loops.items():
+                t = time.perf_counter()
+                jax.block_until_ready(f(state, *args))
+                b[n] = min(b[n], time.perf_counter() - t)
+    out = []
+    for b in best:
+        short, long = sorted(b)
+        out.append((b[long] - b[short]) / (long - short))
+    return out
+
+
+def _per_iteration(variant, X, y, truth, repeats=2, short=100, long=400, J=100, seed=0):
+    state, args, loops = _loops(variant, X, y, truth, short, long, J, seed)
+    return _time_loops([(state, args, loops)], repeats)[0], int(state.model_size)
 
 
 def speed(repeats):
@@ -93,19 +108,21 @@ def speed(repeats):
 
 
 def scaling(repeats, family="linear"):
-    """Per-iteration ms at p = 1,000 … 8,000, N = 500, J = 100: async (and exact, for reference)."""
+    """Per-iteration ms at p = 1,000 … 8,000, N = 500, J = 100: async (and exact, for reference);
+    the four sizes of a variant are compiled first, then timed in interleaved rounds."""
     out = {}
     simulate, model = {
         "linear": (ds.simulate_sparse_linear, ds.sparse_async_linear_model),
         "logistic": (ds.simulate_sparse_logistic, ds.sparse_async_logistic_model),
     }[family]
+    sizes = (1000, 2000, 4000, 8000)
     for variant in ("async", "exact"):
-        for p in (1000, 2000, 4000, 8000):
-            X, y, truth = simulate(p, num_data=500, seed=0)
-            t, k = _per_iteration(variant, X, y, truth, repeats, model=model)
+        configs = [_loops(variant, *simulate(p, num_data=500, seed=0), model=model) for p in sizes]
+        times = _time_loops(configs, repeats)
+        for p, t, (state, _, _) in zip(sizes, times, configs):
             out[f"{family}_{variant}_p{p}"] = t
-            print(f"{family} {variant:5s} N = 500, p = {p:5d}: {t * 1e3:.3f} ms/iteration (|δ| = {k})",
-                  flush=True)
+            print(f"{family} {variant:5s} N = 500, p = {p:5d}: {t * 1e3:.3f} ms/iteration "
+                  f"(|δ| = {int(state.model_size)})", flush=True)
         ratio = out[f"{family}_{variant}_p8000"] / out[f"{family}_{variant}_p1000"]
         out[f"{family}_{variant}_ratio_p8000_over_p1000"] = ratio
         print(f"{family} {variant}: ratio p = 8,000 / p = 1,000: {ratio:.2f}", flush=True)
