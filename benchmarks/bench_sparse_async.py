@@ -9,6 +9,10 @@ and runs 300 iterations first.  Fastest of ``--repeats`` rounds.
 * ratio exact / async at p = 5,000, N = 2,500 (§4.1 set-up, ϱ = 0, J = 100);
 * async time per iteration at p = 1,000, 5,000, 20,000 with N = 500, |δ| ≈ 10 and J = 100 fixed.
 
+Scaling (``--part scaling``, ``--family linear`` or ``logistic``): per-iteration time of async
+(and exact, for reference) at p = 1,000, 2,000, 4,000, 8,000 with N = 500, J = 100, measured as
+above (the four sizes timed in interleaved rounds), and the ratio p = 8,000 / p = 1,000 (O(N·(size(δ) + J)) per iteration: flat in p).
+
 Accuracy (``--part accuracy``): relative error 𝓔 (mean over the last 1,000 iterations of
 ‖θ·δ − θ*‖/‖θ*‖) of exact and async on §4.1 linear data, p = 1,000 (N = 500), ϱ ∈ {0, 0.9},
 ``--seeds`` data sets, 2,000 iterations (1,000 warmup + 1,000 kept), J = 100, paper priors
@@ -19,6 +23,8 @@ started at the true support (the paper starts at a lasso fit).
 Usage::
 
     python benchmarks/bench_sparse_async.py --part speed
+    python benchmarks/bench_sparse_async.py --part scaling --repeats 3 --family linear
+    python benchmarks/bench_sparse_async.py --part scaling --repeats 3 --family logistic
     python benchmarks/bench_sparse_async.py --part accuracy --seeds 3
     python benchmarks/bench_sparse_async.py --part accuracy --seeds 3 --rho 0.9 --sensitive
     python benchmarks/bench_sparse_async.py --part accuracy --seeds 3 --p 5000 --rho 0
@@ -41,8 +47,9 @@ from numpyro_sg import datasets as ds
 from numpyro_sg.results.selection import relative_error
 
 
-def _per_iteration(variant, X, y, truth, repeats=2, short=100, long=400, J=100, seed=0):
-    kernel = nsg.SparseAsync(ds.sparse_async_linear_model, variant=variant, update_size=J)
+def _loops(variant, X, y, truth, short=100, long=400, J=100, seed=0, model=ds.sparse_async_linear_model):
+    """``(state after 300 iterations, args, {n: compiled loop of n iterations})``."""
+    kernel = nsg.SparseAsync(model, variant=variant, update_size=J)
     args = (jnp.asarray(X), jnp.asarray(y))
     # start at the true support so that |δ| ≈ 10 in every configuration
     init = {"theta": jnp.asarray(truth), "delta": jnp.asarray((truth != 0).astype(np.int32))}
@@ -54,16 +61,31 @@ def _per_iteration(variant, X, y, truth, repeats=2, short=100, long=400, J=100, 
 
         return jax.jit(run).lower(state, *args).compile()
 
-    warm = loop(300)
-    state = jax.block_until_ready(warm(state, *args))
-    f_short, f_long = loop(short), loop(long)
-    best = {short: np.inf, long: np.inf}
+    state = jax.block_until_ready(loop(300)(state, *args))
+    return state, args, {short: loop(short), long: loop(long)}
+
+
+def _time_loops(configs, repeats):
+    """Per-iteration seconds of each ``_loops`` result: the fastest of ``repeats`` rounds of each
+    run length (the configurations interleaved within a round, so that a change of machine load
+    hits them all), long minus short over the difference of lengths."""
+    best = [{n: np.inf for n in loops} for _, _, loops in configs]
     for _ in range(repeats):
-        for n, f in ((short, f_short), (long, f_long)):
-            t = time.perf_counter()
-            jax.block_until_ready(f(state, *args))
-            best[n] = min(best[n], time.perf_counter() - t)
-    return (best[long] - best[short]) / (long - short), int(state.model_size)
+        for (state, args, loops), b in zip(configs, best):
+            for n, f in loops.items():
+                t = time.perf_counter()
+                jax.block_until_ready(f(state, *args))
+                b[n] = min(b[n], time.perf_counter() - t)
+    out = []
+    for b in best:
+        short, long = sorted(b)
+        out.append((b[long] - b[short]) / (long - short))
+    return out
+
+
+def _per_iteration(variant, X, y, truth, repeats=2, short=100, long=400, J=100, seed=0):
+    state, args, loops = _loops(variant, X, y, truth, short, long, J, seed)
+    return _time_loops([(state, args, loops)], repeats)[0], int(state.model_size)
 
 
 def speed(repeats):
@@ -82,6 +104,28 @@ def speed(repeats):
         print(f"async, N = 500, p = {p:6d}: {t * 1e3:.3f} ms/iteration (|δ| = {k})", flush=True)
     out["growth_p1000_to_p20000"] = out["async_N500_p20000"] / out["async_N500_p1000"]
     print(f"growth of async's time per iteration, p = 1,000 → 20,000: {out['growth_p1000_to_p20000']:.2f}×")
+    return out
+
+
+def scaling(repeats, family="linear"):
+    """Per-iteration ms at p = 1,000 … 8,000, N = 500, J = 100: async (and exact, for reference);
+    the four sizes of a variant are compiled first, then timed in interleaved rounds."""
+    out = {}
+    simulate, model = {
+        "linear": (ds.simulate_sparse_linear, ds.sparse_async_linear_model),
+        "logistic": (ds.simulate_sparse_logistic, ds.sparse_async_logistic_model),
+    }[family]
+    sizes = (1000, 2000, 4000, 8000)
+    for variant in ("async", "exact"):
+        configs = [_loops(variant, *simulate(p, num_data=500, seed=0), model=model) for p in sizes]
+        times = _time_loops(configs, repeats)
+        for p, t, (state, _, _) in zip(sizes, times, configs):
+            out[f"{family}_{variant}_p{p}"] = t
+            print(f"{family} {variant:5s} N = 500, p = {p:5d}: {t * 1e3:.3f} ms/iteration "
+                  f"(|δ| = {int(state.model_size)})", flush=True)
+        ratio = out[f"{family}_{variant}_p8000"] / out[f"{family}_{variant}_p1000"]
+        out[f"{family}_{variant}_ratio_p8000_over_p1000"] = ratio
+        print(f"{family} {variant}: ratio p = 8,000 / p = 1,000: {ratio:.2f}", flush=True)
     return out
 
 
@@ -137,16 +181,20 @@ def logistic(seeds, p=1000):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("speed", "accuracy", "logistic"), default="speed")
+    ap.add_argument("--part", choices=("speed", "scaling", "accuracy", "logistic"), default="speed")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--p", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--rho", type=float, nargs="+", default=[0.0, 0.9])
     ap.add_argument("--sensitive", action="store_true", help="also run async with taylor='sensitive'")
+    ap.add_argument("--family", choices=("linear", "logistic"), default="linear",
+                    help="the likelihood of --part scaling")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.part == "speed":
         res = speed(a.repeats)
+    elif a.part == "scaling":
+        res = scaling(a.repeats, a.family)
     elif a.part == "accuracy":
         res = accuracy(a.seeds, a.p, tuple(a.rho), a.sensitive)
     else:
