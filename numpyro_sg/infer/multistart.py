@@ -49,8 +49,11 @@ def _flat_draws(model, model_args, model_kwargs, strategy, keys, dtype):
 
 
 def _first_chain(info: ModelInfo, dtype):
-    """The init strategy's chain-0 draw, flat, or ``None``."""
-    if info.init_values is None:
+    """The init strategy's chain-0 draw, flat, or ``None`` (also when it is traced: under
+    ``chain_method="parallel"`` the draw depends on the chain's key, and the mode search runs
+    eagerly, once for every chain)."""
+    if info.init_values is None or any(isinstance(v, jax.core.Tracer)
+                                       for v in jax.tree.leaves(info.init_values)):
         return None
     first = {k: v[0] if jnp.ndim(v) > len(info.sites[k].unconstrained_shape) else v
              for k, v in info.init_values.items()}
