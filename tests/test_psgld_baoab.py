@@ -417,16 +417,19 @@ MAMBA_CASES = {
 @pytest.mark.parametrize("name", [pytest.param("psgld", marks=pytest.mark.slow), "baoab"])
 def test_mamba_picks_the_good_step_size(name, linear_data):
     """MAMBA end to end (KSD, successive halving, vectorised arms over the kernels' state
-    hyperparameters) on a planted grid, 1 s of chains: the good step size wins and its
-    draws are near the posterior mean (within 1 posterior sd: the pooled draws include the
-    transient from the random start)."""
+    hyperparameters) on a planted grid, 1 s of chains: the good step size wins and the tuned
+    kernel's draws are near the posterior mean."""
     make, grid, good = MAMBA_CASES[name]
     X, y = linear_data
     res = nsg.mamba(make, grid, (X, y), time_budget=1.0, rng_key=jax.random.PRNGKey(0))
     assert res.best_params["step_size"] == good
     assert max(len(b) for b in res.batches) > 1  # arms shared a vectorised batch
+    # the tuned kernel reaches the posterior: its arm had only a few effective draws in 1 s
+    # (too few to judge), so rerun it; 1 posterior sd is ≥ 4 standard errors of the mean here
+    mcmc = MCMC(res.best_kernel(), num_warmup=1000, num_samples=2000, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(1), X, y)
     mean, cov = linear_posterior(X, y)
-    theta = res.idata.posterior["theta"].values.reshape(-1, 3)
+    theta = np.asarray(mcmc.get_samples()["theta"])
     assert np.all(np.abs(theta.mean(0) - mean) < np.sqrt(np.diag(cov)))
 
 
