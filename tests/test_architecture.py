@@ -202,11 +202,12 @@ LAYERS = {
     "version": set(),
     "infer": {"version"},
     "spike_slab": {"infer"},
+    "locals": {"infer"},
     "diagnostics": {"infer"},
-    "kernels": {"infer", "spike_slab", "diagnostics"},
-    "results": {"infer", "spike_slab", "diagnostics", "version"},
+    "kernels": {"infer", "spike_slab", "diagnostics", "locals"},
+    "results": {"infer", "spike_slab", "diagnostics", "version", "locals"},
     "datasets": {"kernels"},
-    "tuning": {"infer", "diagnostics", "kernels", "results"},
+    "tuning": {"infer", "diagnostics", "kernels", "results", "locals"},
     "cli": {"datasets", "kernels", "results", "diagnostics", "version", "__init__"},
     "__init__": None,  # anything
 }

@@ -162,10 +162,10 @@ def subsample_plates(info: ModelInfo, subsample_size=None, *, check_data=True, m
     if inside:
         name, plate = inside[0]
         raise ValueError(
-            f"Latent site '{name}' is inside subsample plate '{plate}'. "
-            "Local (per-datum) latent variables are not supported by the "
-            "stochastic-gradient kernels: marginalise them out or move the site out "
-            "of the plate."
+            f"Latent site '{name}' is inside subsample plate '{plate}': a local (per-group) "
+            "latent variable. The gradient kernels (SGLD, SGBD, SGHMC, SGNHT, pSGLD, BAOAB) "
+            "integrate local latents out; this sampler does not support them yet: use one "
+            "of those kernels, marginalise the local out, or move the site out of the plate."
         )
     if check_data:
         check_data_finite(info, plates, model_args, model_kwargs)

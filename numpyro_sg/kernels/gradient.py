@@ -47,6 +47,7 @@ from numpyro_sg.infer.warmup import ModeFit, WarmupOptions, find_mode, starting_
 from numpyro_sg.kernels.base import PerDataCache, SGKernel, all_finite, check_choice, split_init_key
 from numpyro_sg.kernels.guard import freeze, guarded_update, init_guard, rms
 from numpyro_sg.kernels.moves import ema
+from numpyro_sg.locals.model import integrate_locals
 from numpyro_sg.kernels.report import chain_moments, frozen_chains, frozen_report, misfit_report
 
 __all__ = ["GradientKernel", "gradient_state", "PRECONDITIONERS", "GRADIENTS", "GRADIENT_STATE_FIELDS"]
@@ -229,9 +230,13 @@ class GradientKernel(SGKernel):
         warmup's mode search when needed: ``(model info, ModeFit or None)``."""
         strategy = self._init_strategy
         with jax.ensure_compile_time_eval():  # structural work stays eager under pmap too
-            info = trace_model(self._model, model_args, model_kwargs,
-                               init_strategy=(strategy or init_to_uniform) if init_params is None else None,
-                               rng_key=key_init)
+            trace_kwargs = dict(init_strategy=(strategy or init_to_uniform) if init_params is None else None,
+                                rng_key=key_init)
+            info = trace_model(self._model, model_args, model_kwargs, **trace_kwargs)
+            model = integrate_locals(self._model, info, model_args, model_kwargs)
+            if model is not self._model:  # local latents: the kernels sample the globals' marginal
+                self._model = model
+                info = trace_model(model, model_args, model_kwargs, **trace_kwargs)
             plates = subsample_plates(info, self._subsample_size, check_data=self._check_data,
                                       model_args=model_args, model_kwargs=model_kwargs)
             if self.estimate_noise and len(plates) > 1:
