@@ -106,17 +106,15 @@ def conditional_mode(f: Callable, n: int, k: int, dtype, steps: int = 25, max_st
     """The conditional mode b̂_g and the Cholesky factor of −H_g there, by ``steps`` damped Newton
     steps from 0 (each step's largest coordinate capped at ``max_step``); no gradient flows
     through the result (it only places the proposal)."""
-    f0 = lambda b: jax.lax.stop_gradient(f(b))  # noqa: E731
-
     def body(_, b):
-        _, g, H = group_hessians(f0, b)
+        _, g, H = group_hessians(f, b)
         step = _solve_neg(_chol_neg(H), g)
         big = jnp.max(jnp.abs(step), axis=-1, keepdims=True)
         step = step * jnp.minimum(1.0, max_step / jnp.maximum(big, 1e-30))
         return jnp.where(jnp.isfinite(step), b + step, b)
 
     b = jax.lax.fori_loop(0, steps, body, jnp.zeros((n, k), dtype))
-    _, _, H = group_hessians(f0, b)
+    _, _, H = group_hessians(f, b)
     return jax.lax.stop_gradient(b), jax.lax.stop_gradient(_chol_neg(H))
 
 

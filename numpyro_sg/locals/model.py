@@ -172,7 +172,7 @@ class MarginalModel:
     def warn_ess(self, ess):
         """Warn (:class:`LocalLatentWarning`) when a group's importance ESS is below ``min_ess``."""
         ess = np.asarray(ess)
-        low = ess < self.min_ess
+        low = ~(ess >= self.min_ess)  # NaN counts as collapsed
         if low.any():
             warnings.warn(
                 f"Local latents of plate '{self.plate}': the importance sampler collapsed for "

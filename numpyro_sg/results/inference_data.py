@@ -42,6 +42,7 @@ import numpy as np
 import xarray as xr
 from numpyro import handlers
 
+from numpyro_sg.locals.posterior import add_local_posterior
 from numpyro_sg.diagnostics.convergence import check_convergence
 from numpyro_sg.diagnostics.model_scores import (
     STEIN_GROUP,
@@ -196,6 +197,7 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     diverged = _record_diverged(idata, mcmc)
     if ksd:
         _attach_run_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options, diverged)
+    add_local_posterior(idata, model, mcmc.get_samples(), model_args, model_kwargs)  # locals, if any
     return idata
 
 

@@ -37,6 +37,7 @@ from numpyro_sg.diagnostics.model_scores import (
     stein_arrays,
     stein_dataset,
 )
+from numpyro_sg.locals.posterior import LOCAL_GROUP, compare_locals, joint_model
 from numpyro_sg.version import __version__ as numpyro_sg_version
 
 __all__ = ["nuts_reference", "compare_to_reference", "plot_reference_comparison"]
@@ -119,6 +120,8 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
             idata = az.from_netcdf(path)
             idata.posterior.attrs["cache_file"] = str(path)
             return idata
+    joint = joint_model(model, model_args, model_kwargs)  # local latents: NUTS on the joint
+    model = model if joint is None else joint
     mcmc = MCMC(NUTS(full_data_model(model, model_args, model_kwargs), **nuts_kwargs),
                 num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
                 chain_method=chain_method, progress_bar=progress_bar)
@@ -223,7 +226,10 @@ def compare_to_reference(idata, reference, *, var_names=None, reference_names: d
         ``attrs``: ``xi_sd`` = ξ(σ̂) = ‖σ̂ − σ_ref‖₂/‖σ_ref‖₂ over all compared coordinates,
         ``ksd`` and ``ksd_reference`` (both with the reference's unconstrained sd as the
         common preconditioner, recorded in ``ksd_scales``), ``sampling_time`` and
-        ``reference_sampling_time``.
+        ``reference_sampling_time``.  A run with local latents (its ``local_posterior`` group)
+        against a reference with their draws (NUTS on the joint model) adds
+        ``attrs["locals"]``, the same columns per group (no ESS), from
+        :func:`numpyro_sg.locals.posterior.compare_locals`.
 
     **Example:** a run whose draws are twice too wide has ``sd_rel_err`` ≈ 1.
 
@@ -246,6 +252,8 @@ def compare_to_reference(idata, reference, *, var_names=None, reference_names: d
     table.attrs["reference_sampling_time"] = t_ref
     if ksd:
         table.attrs.update(_common_scale_ksd(run, ref, model, model_args, model_kwargs, ksd_draws))
+    if LOCAL_GROUP in run.groups():  # local latents: per-group rows in attrs["locals"]
+        table.attrs["locals"] = compare_locals(run[LOCAL_GROUP], ref.posterior)
     return table
 
 
