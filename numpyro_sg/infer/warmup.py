@@ -273,10 +273,10 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
         MCMC(kernel, num_warmup=1000, num_samples=2000).run(key, X, y)
         kernel.mode_fit.mode, kernel.mode_fit.scales     # what the warmup found
     """
-    options = options or WarmupOptions()
     start_time = time.perf_counter()
     dtype = jnp.result_type(float)
     d = ravel_pytree(info.unconstrained_example())[0].shape[0]
+    options = (options or WarmupOptions()).resolved(d)
     key_opt, key_hess, key_probe = random.split(random.PRNGKey(options.seed), 3)
     rows = _hessian_rows(mb.plates, options.hessian_rows, key_hess)
     programs = _WarmupPrograms(mb, unravel, model_args, model_kwargs or {}, options, rows)
@@ -317,10 +317,11 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
                options.symmetry_jitter)
     steps, batches = options.optimizer_plan(d, [(p.size, p.subsample_size) for p in mb.plates])
     values, grads = (), ()
-    if options.num_starts > 1 and options.start_steps > 0 and steps > 0:
-        bar.set_postfix_str(f"{options.num_starts} starts")
+    num_starts = options.num_starts
+    if num_starts > 1 and options.start_steps > 0 and steps > 0:
+        bar.set_postfix_str(f"{num_starts} starts")
         model_args, model_kwargs = programs.data
-        starts = start_candidates(x, info, model_args, model_kwargs, options.num_starts,
+        starts = start_candidates(x, info, model_args, model_kwargs, num_starts,
                                   random.fold_in(key_opt, 3))
         small = {p.size: min(p.subsample_size, options.start_batch_size) for p in mb.plates}
         x, values, grads = explore_starts(

@@ -18,7 +18,8 @@ from numpyro.handlers import condition, seed, substitute, trace
 from numpyro.infer.util import constrain_fn, potential_energy
 
 from numpyro_sg.infer.minibatch import SubsamplePlate, with_indices, without_plate_sites
-from numpyro_sg.infer.model_info import base_distribution, first_indices, record_subsample
+from numpyro_sg.infer.model_info import base_distribution, first_indices, improper_to_uniform
+from numpyro_sg.infer.model_info import record_subsample
 from numpyro_sg.spike_slab.glm import (
     GLMInfo,
     design_array,
@@ -69,9 +70,12 @@ class CoordinateNormal(NamedTuple):
 
 
 def _value_or_fill(values, fill, site):
-    """substitute_fn: ``values[name]`` when given, else ``fill(site)`` for a latent sample site."""
+    """substitute_fn: ``values[name]`` when given, else ``fill(site)`` for a latent sample site
+    (``fill=None``: a prior draw, or ``init_to_uniform``'s value for an improper prior)."""
     if site["name"] in values:
         return values[site["name"]]
+    if fill is None:
+        return improper_to_uniform(site)
     if site["type"] == "sample" and not site["is_observed"]:
         return fill(site)
     return None
@@ -83,7 +87,8 @@ def trace_spike_slab(model: Callable, model_args=(), model_kwargs=None, *, obser
 
     The model runs with the sites in ``observed`` (e.g. ``{indicator: γ}``) conditioned on,
     the sites in ``values`` substituted (constrained values), every other latent sample site
-    filled by the init strategy ``fill`` (if any; it draws with keys from ``rng_key``), the
+    filled by the init strategy ``fill`` (if any; it draws with keys from ``rng_key``; without
+    it a prior draw, or ``init_to_uniform``'s value for an improper prior), the
     plates in ``indices`` (``{plate: index array}``) on those indices and any other subsample
     plate on its first n indices; with ``prior_only_plate`` every site inside that plate gets
     weight 0 (the prior alone).
@@ -99,10 +104,7 @@ def trace_spike_slab(model: Callable, model_args=(), model_kwargs=None, *, obser
     m = condition(model, data=observed) if observed else model
     m = seed(m, rng_seed=rng_key)
     values = dict(values or {})
-    if fill is None:
-        m = substitute(m, data=values)
-    else:
-        m = substitute(m, substitute_fn=lambda site: _value_or_fill(values, fill, site))
+    m = substitute(m, substitute_fn=lambda site: _value_or_fill(values, fill, site))
     if indices:
         m = with_indices(m, indices)
     if prior_only_plate is not None:
