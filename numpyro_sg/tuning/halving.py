@@ -180,6 +180,14 @@ def _tune(make_kernel, grid, *, model_args, model_kwargs, time_budget, eta, metr
                      result_seconds=result_seconds)
     for rnd in range(num_rounds):
         rounds.play(rnd, rng_key)
+        if rnd + 1 < num_rounds and time.perf_counter() >= deadline:
+            warnings.warn(
+                f"time_budget = {time_budget:g} s ran out after round {rnd + 1} of {num_rounds}: "
+                "the best arm so far is kept. Raise time_budget for the remaining rounds.",
+                UserWarning, stacklevel=3,
+            )
+            rounds.num_rounds = rnd + 1  # the result reports the rounds played
+            break
     overhead["score"] = rounds.score_time
     return _result(rounds, start_all=start_all, overhead=overhead, batch_arms=batch_arms,
                    make_kernel=make_kernel, metric=metric, criterion=criterion,
@@ -198,7 +206,9 @@ _DOC_ARGS = """
         search, set-up, compilation, chains and scoring (the breakdown is in
         :attr:`TuningResult.overhead`).  Set-up comes first; the time left, less the
         predicted scoring, goes to the chains (split over the rounds as MAMBA's Algorithm 1
-        splits T in :func:`mamba`, equally in :func:`grid_search`).
+        splits T in :func:`mamba`, equally in :func:`grid_search`).  When the budget runs
+        out before the last round (a slow set-up), the remaining rounds are skipped with a
+        warning and the best arm so far wins (``num_rounds`` reports the rounds played).
     :param metric: ``"ksd"`` (default), ``"fssd"``, or a callable ``f(samples) -> float``
         (lower is better) given the constrained thinned draws ``{site: (T, …)}`` — e.g. a
         held-out log-loss (``"fssd"`` and callables need ``criterion="plain"``).
