@@ -7,6 +7,7 @@ stratification matters), d = 3, mini-batch n = 100 (25 rows per shard).
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -87,3 +88,29 @@ def test_clear_errors_and_a_two_axis_mesh():
     assert "non-finite" in out["nan"] and "(2500, 1)" in out["nan"]  # found without fetching X
     assert "divide" in out["rows"] or "multiple of 4" in out["rows"]
     np.testing.assert_allclose(out["two_axis_mean"], [1.0, -0.5, 0.25], atol=0.25)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_draws_of_one_process_with_two_devices(tmp_path):
+    """``jax.distributed.initialize`` on 2 localhost processes (one CPU device each, gloo
+    collectives, half of the rows each through ``jax.make_array_from_process_local_data``) against
+    1 process with 2 forced devices: SGLD's draws (warmup included) are identical."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    script, port = str(HERE / "multiprocess_checks.py"), str(_free_port())
+    two = [subprocess.Popen([sys.executable, script, str(k), "2", port, str(tmp_path / f"two{k}.npy")],
+                            cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for k in range(2)]
+    one = subprocess.run([sys.executable, script, "0", "1", "0", str(tmp_path / "one.npy")], cwd=HERE,
+                         env=env, capture_output=True, text=True, timeout=1800)
+    assert one.returncode == 0, one.stderr[-3000:]
+    for proc in two:
+        _, err = proc.communicate(timeout=1800)
+        assert proc.returncode == 0, err[-3000:]
+    assert not (tmp_path / "two1.npy").exists()  # only process 0 writes
+    np.testing.assert_array_equal(np.load(tmp_path / "two0.npy"), np.load(tmp_path / "one.npy"))
