@@ -54,7 +54,7 @@ def shard_rows(x, mesh: Mesh, data_axis="data"):
     >>> import jax, numpy as np
     >>> mesh = jax.make_mesh((1,), ("data",))
     >>> shard_rows(np.ones((4, 2)), mesh).sharding.spec
-    PartitionSpec('data',)
+    P('data',)
     """
     return jax.device_put(x, NamedSharding(mesh, P(data_axis)))
 
