@@ -229,6 +229,7 @@ def check_errors():
     mcmc = MCMC(nsg.SGLD(logistic), num_warmup=50, num_samples=50, progress_bar=False, jit_model_args=True)
     mcmc.run(key, shard_rows(X, two, "data"), shard_rows(y, two, "data"))
     out["two_axis_mean"] = np.asarray(mcmc.get_samples()["theta"]).mean(0).tolist()
+    out["idata_groups"] = sorted(nsg.to_inference_data(mcmc, check=False).groups())
     return out
 
 

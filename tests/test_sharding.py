@@ -88,6 +88,7 @@ def test_clear_errors_and_a_two_axis_mesh():
     assert "non-finite" in out["nan"] and "(2500, 1)" in out["nan"]  # found without fetching X
     assert "divide" in out["rows"] or "multiple of 4" in out["rows"]
     np.testing.assert_allclose(out["two_axis_mean"], [1.0, -0.5, 0.25], atol=0.25)
+    assert out["idata_groups"] == ["observed_data", "posterior", "sample_stats", "stein"]
 
 
 def _free_port() -> int:

@@ -140,7 +140,7 @@ class ShardedMinibatcher(Minibatcher):
 
     def log_density_fn(self, model_args=(), model_kwargs=None) -> Callable:
         """``(params, indices) -> log density`` (global block indices), as
-        :meth:`Minibatcher.log_density_fn`; its value and gradient come from one all-reduce
+        :meth:`~numpyro_sg.infer.minibatch.Minibatcher.log_density_fn`; its value and gradient come from one all-reduce
         (a ``jax.custom_jvp`` rule), its second derivatives from one more."""
         model_kwargs = model_kwargs or {}
 
@@ -169,7 +169,7 @@ class ShardedMinibatcher(Minibatcher):
     def estimate_at(self, unravel, flat, indices, *, anchor: Anchor | None = None, noise=False,
                     precond=None, groups=None, model_args=(), model_kwargs=None) -> GradientEstimate:
         """The kernels' gradient estimate at the flat point ``flat`` on the stratified mini-batch
-        ``indices``: each shard runs :meth:`Minibatcher.estimate` on its rows (plain or control
+        ``indices``: each shard runs :meth:`~numpyro_sg.infer.minibatch.Minibatcher.estimate` on its rows (plain or control
         variate, with τ̂ when ``noise``), one ``psum`` of the value, ĝ (and τ̂²) combines them."""
         model_kwargs = model_kwargs or {}
         self.check_compiled_data(flat, model_args, model_kwargs)

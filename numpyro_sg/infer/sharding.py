@@ -169,7 +169,8 @@ def find_data_shards(model_args, model_kwargs, plates) -> DataShards | None:
     split = [(x, a) for x, a in zip(leaves, axes) if a is not None]
     if not split:
         return None
-    meshes = {(x.sharding.mesh.devices.tobytes(), x.sharding.mesh.axis_names, a) for x, a in split}
+    meshes = {(tuple(d.id for d in x.sharding.mesh.devices.flat), x.sharding.mesh.axis_names, a)
+              for x, a in split}
     if len(meshes) > 1:
         raise ValueError("the data arrays are split over different meshes or mesh axes; place them "
                          "all with the same NamedSharding(mesh, P(data_axis)).")
