@@ -10,8 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
+
+from numpyro_sg.infer.disk_rows import NpyRows, npy_from_parquet
 
 HERE = Path(__file__).resolve().parent
 
@@ -33,3 +36,22 @@ def test_rows_from_disk_give_the_in_memory_draws_without_holding_the_data(tmp_pa
     disk, memory = _run("disk", tmp_path), _run("memory", tmp_path)
     np.testing.assert_array_equal(np.load(tmp_path / "disk.npy"), np.load(tmp_path / "memory.npy"))
     assert disk["peak_mb"] < memory["peak_mb"] - 0.75 * disk["file_mb"], (disk, memory)
+
+
+def test_parquet_streamed_into_npy_rows_with_the_one_shuffle(tmp_path):
+    """Batches of 1,000 rows of a 10,000-row Parquet file (row groups of 3,000) land where the
+    permutation sends them; the rows read inside ``jit`` and under ``vmap`` are the table's."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(10_000, 3)).astype(np.float32)
+    pq.write_table(pa.table({f"x{j}": table[:, j] for j in range(3)}), tmp_path / "t.parquet",
+                   row_group_size=3000)
+    X = npy_from_parquet(tmp_path / "t.parquet", ["x2", "x0"], tmp_path / "X.npy", batch_rows=1000)
+    np.testing.assert_array_equal(X.array, table[:, [2, 0]])
+    y = npy_from_parquet(tmp_path / "t.parquet", "x1", tmp_path / "y.npy", batch_rows=1000, shuffle_seed=3)
+    perm = np.random.default_rng(3).permutation(10_000)
+    np.testing.assert_array_equal(y.array[perm], table[:, 1])
+    idx = np.array([[5, 9_999, 0], [1, 2, 3]])
+    np.testing.assert_array_equal(jax.jit(jax.vmap(X))(idx), table[:, [2, 0]][idx])
+    assert X.num_rows == 10_000 and X.shape == (10_000, 2) and NpyRows(X.path) == X

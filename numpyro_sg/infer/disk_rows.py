@@ -20,6 +20,10 @@ read when the pass reaches it::
 Reading rows one by one is random access: fast from the page cache or an SSD; on a spinning disk
 shuffle the rows once when writing the file and read windows of contiguous rows instead.
 A :class:`NpyRows` is a pytree without leaves, so it passes through ``jit`` as static structure.
+
+Parquet files (compressed, by row groups: no cheap random row access) are streamed once into a
+``.npy`` file by :func:`npy_from_parquet` (pyarrow; memory of one batch of rows), then read as
+above.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-__all__ = ["NpyRows"]
+__all__ = ["NpyRows", "npy_from_parquet"]
 
 
 @jax.tree_util.register_pytree_node_class
@@ -87,3 +91,39 @@ class NpyRows:
 
     def __hash__(self):
         return hash(("NpyRows", self.path))
+
+
+def npy_from_parquet(path, columns, out_path, dtype=np.float32, batch_rows: int = 65536,
+                     shuffle_seed: int | None = None) -> NpyRows:
+    """Write the ``columns`` of the Parquet file ``path`` as the columns of a ``.npy`` array
+    ``out_path`` (rows × len(columns); one column name: a vector), streaming ``batch_rows`` rows
+    at a time with pyarrow (memory O(batch_rows·columns), never the whole table), and return it
+    as :class:`NpyRows`.  ``shuffle_seed``: also permute the rows (a random permutation of
+    N indices, O(N) memory, written by scattering each batch), the one shuffle at write time
+    that makes windows of contiguous rows random samples.
+
+    >>> import os, tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> folder = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"a": [1.0, 2.0, 3.0], "b": [4.0, 5.0, 6.0]}), f"{folder}/t.parquet")
+    >>> npy_from_parquet(f"{folder}/t.parquet", ["b", "a"], f"{folder}/x.npy").array.tolist()
+    [[4.0, 1.0], [5.0, 2.0], [6.0, 3.0]]
+    """
+    import pyarrow.parquet as pq  # optional dependency (pip install pyarrow)
+
+    single = isinstance(columns, str)
+    columns = [columns] if single else list(columns)
+    source = pq.ParquetFile(str(path))
+    N = source.metadata.num_rows
+    shape = (N,) if single else (N, len(columns))
+    out = np.lib.format.open_memmap(str(out_path), mode="w+", dtype=dtype, shape=shape)
+    perm = None if shuffle_seed is None else np.random.default_rng(shuffle_seed).permutation(N)
+    start = 0
+    for batch in source.iter_batches(batch_size=batch_rows, columns=columns):
+        block = np.stack([batch.column(c).to_numpy(zero_copy_only=False) for c in columns], axis=1)
+        block = block[:, 0] if single else block
+        where = slice(start, start + len(block)) if perm is None else perm[start:start + len(block)]
+        out[where] = block.astype(dtype)
+        start += len(block)
+    out.flush()
+    del out
+    return NpyRows(out_path)
