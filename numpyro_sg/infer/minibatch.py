@@ -42,6 +42,7 @@ from numpyro_sg.infer import full_density
 from numpyro_sg.infer.handlers import full_data, mask_plate_rows, with_indices, without_plate_sites
 from numpyro_sg.infer.indices import BatchState, draw_with_replacement, draw_without_replacement
 from numpyro_sg.infer.jit_data import jit_with_data
+from numpyro_sg.infer.preconditioner import Preconditioner, rows_to_working
 from numpyro_sg.infer.plates import (
     SubsamplePlate,
     check_data_finite,
@@ -72,12 +73,20 @@ __all__ = [
     "noise_groups",
     "MAX_GROUPS",
     "PER_DATUM_MAX",
+    "working_rows",
 ]
 
 #: the group-mean noise estimate uses at most this many groups (largest divisor of n up to it)
 MAX_GROUPS = 16
 #: per-datum gradients (exact small-d behaviour) while n·d is at most this (4 MB of float32)
 PER_DATUM_MAX = 1_000_000
+
+
+def working_rows(precond: Preconditioner | None) -> Callable | None:
+    """Rows (n, d) of gradients → the working frame of ``precond`` (``None``: unchanged)."""
+    if precond is None:
+        return None
+    return lambda G: rows_to_working(precond, G)
 
 
 def noise_groups(n: int, d: int, groups: int | None = None) -> int:
@@ -162,6 +171,17 @@ class Minibatcher:
     def full_indices(self):
         """All N indices of every plate."""
         return {p.name: jnp.arange(p.size, dtype=jnp.int32) for p in self.plates}
+
+    def with_plates(self, plates) -> Minibatcher:
+        """The same model's mini-batcher with other plate sizes, drawing with replacement."""
+        return Minibatcher(self.model, plates, replace=True)
+
+    def random_rows(self, rows: int, key) -> dict:
+        """A random subsample of ``rows`` rows per plate, with replacement (all of them when
+        N ≤ ``rows``)."""
+        return {p.name: draw_with_replacement(random.fold_in(key, k), p.size, rows)
+                if p.size > rows else jnp.arange(p.size, dtype=jnp.int32)
+                for k, p in enumerate(self.plates)}
 
     @property
     def fraction_unsampled(self) -> float:
@@ -261,6 +281,20 @@ class Minibatcher:
             values, grads = jax.vmap(vg, in_axes=(0, None))(jnp.stack([flat, anchor.point]), indices)
             value, grad = values[0], anchor.grad + grads[0] - grads[1]
         return GradientEstimate(value, grad, jnp.full_like(flat, jnp.nan))
+
+    def estimate_at(self, unravel, flat, indices, *, anchor: Anchor | None = None, noise=False,
+                    precond: Preconditioner | None = None, groups: int | None = None, model_args=(),
+                    model_kwargs=None) -> GradientEstimate:
+        """:meth:`estimate` of the model's log density at the flat point ``flat`` (``unravel``:
+        flat → params) on ``indices``, for these data, τ̂ in the working frame of ``precond``:
+        the kernels' one gradient estimate."""
+        log_density = self.log_density_fn(model_args, model_kwargs)
+
+        def flat_log_density(x, idx):
+            return log_density(unravel(x), idx)
+
+        return self.estimate(flat_log_density, flat, indices, anchor=anchor, noise=noise,
+                             to_working=working_rows(precond), groups=groups)
 
     def score_estimator(self, unravel, anchor: Anchor | None, batch_size: int, model_args=(),
                         model_kwargs=None) -> Callable:

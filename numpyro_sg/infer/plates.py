@@ -91,12 +91,21 @@ def _check_finite_array(value, where):
         return
     if not jnp.issubdtype(value.dtype, jnp.inexact):
         return
-    mask = np.isfinite(np.asarray(value))
-    if not mask.all():
-        raise ValueError(
-            f"{where} contains non-finite values (NaN or inf), first at index "
-            f"{_first_bad_index(mask)}. Remove or impute them before sampling."
-        )
+    if isinstance(value, jax.Array) and len(value.sharding.device_set) > 1:
+        # on several devices (or processes): reduce where the data live, fetch a scalar
+        if bool(jax.jit(lambda x: jnp.all(jnp.isfinite(x)))(value)):
+            return
+        first = int(jax.jit(lambda x: jnp.argmin(jnp.isfinite(x).reshape(-1)))(value))
+        bad = tuple(int(i) for i in np.unravel_index(first, value.shape))
+    else:
+        mask = np.isfinite(np.asarray(value))
+        if mask.all():
+            return
+        bad = _first_bad_index(mask)
+    raise ValueError(
+        f"{where} contains non-finite values (NaN or inf), first at index "
+        f"{bad}. Remove or impute them before sampling."
+    )
 
 
 def check_data_finite(info: ModelInfo, plates, model_args=(), model_kwargs=None):

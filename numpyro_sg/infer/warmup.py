@@ -66,6 +66,7 @@ from numpyro_sg.infer.model_info import ModelInfo, trace_model
 from numpyro_sg.infer.multistart import break_symmetry, explore_starts, start_candidates, usual_start
 from numpyro_sg.infer.plates import subsample_plates
 from numpyro_sg.infer.preconditioner import Preconditioner, from_working, to_working
+from numpyro_sg.infer.sharding import auto_view
 from numpyro_sg.infer.warmup_options import ModeFit, WarmupOptions
 
 #: ``laplace_preconditioner``, ``whitened_top_eigenvalue`` and ``noise_heat_of`` live in
@@ -127,7 +128,7 @@ class _WarmupPrograms:
     def adam(self, x, key, steps: int, batches: dict):
         """``steps`` Adam steps from x on mini-batches of sizes ``batches`` (:func:`_adam`)."""
         plates = [dataclasses.replace(p, subsample_size=batches[p.size]) for p in self.mb.plates]
-        mb_opt = Minibatcher(self.mb.model, plates, replace=True)
+        mb_opt = self.mb.with_plates(plates)
         adam = self._jit(lambda x, key, a, k: _adam(self.log_density(a, k), mb_opt, x, self.options,
                                                     key, steps))
         return adam(x, key)
@@ -135,7 +136,7 @@ class _WarmupPrograms:
     def adam_many(self, xs, keys, steps: int, batches: dict):
         """:meth:`adam` from each row of xs (one vectorised program; the multi-start phase)."""
         plates = [dataclasses.replace(p, subsample_size=batches[p.size]) for p in self.mb.plates]
-        mb_opt = Minibatcher(self.mb.model, plates, replace=True)
+        mb_opt = self.mb.with_plates(plates)
         options = dataclasses.replace(self.options, learning_rate=self.options.start_learning_rate)
         adam = self._jit(lambda xs, keys, a, k: jax.vmap(lambda x, key: _adam(
             self.log_density(a, k), mb_opt, x, options, key, steps))(xs, keys))
@@ -195,14 +196,6 @@ def _cv_noise_sd(mb: Minibatcher, flat_ld, y, key, anchor_point, anchor_grad):
     k = noise_groups(n, y.shape[0])
     return mb.value_grad_noise(flat_ld, y, idx, anchor=Anchor(anchor_point, anchor_grad), groups=k)[2]
 
-
-
-def _hessian_rows(plates, rows: int, key) -> dict:
-    """The random subsample of ``rows`` rows per plate the Hessian is computed on (all of them
-    when N ≤ ``rows``)."""
-    return {p.name: draw_with_replacement(random.fold_in(key, k), p.size, rows)
-            if p.size > rows else jnp.arange(p.size, dtype=jnp.int32)
-            for k, p in enumerate(plates)}
 
 
 def _log_density_not_lower(old, new) -> bool:
@@ -278,7 +271,7 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
     d = ravel_pytree(info.unconstrained_example())[0].shape[0]
     options = (options or WarmupOptions()).resolved(d)
     key_opt, key_hess, key_probe = random.split(random.PRNGKey(options.seed), 3)
-    rows = _hessian_rows(mb.plates, options.hessian_rows, key_hess)
+    rows = mb.random_rows(options.hessian_rows, key_hess)
     programs = _WarmupPrograms(mb, unravel, model_args, model_kwargs or {}, options, rows)
     dense = d <= options.dense_max
     with tqdm(total=3 + options.newton_steps, desc="warmup: mode search", leave=False,
@@ -320,7 +313,7 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
     num_starts = options.num_starts
     if num_starts > 1 and options.start_steps > 0 and steps > 0:
         bar.set_postfix_str(f"{num_starts} starts")
-        model_args, model_kwargs = programs.data
+        model_args, model_kwargs = auto_view(*programs.data)  # eager model traces
         starts = start_candidates(x, info, model_args, model_kwargs, num_starts,
                                   random.fold_in(key_opt, 3))
         small = {p.size: min(p.subsample_size, options.start_batch_size) for p in mb.plates}

@@ -20,6 +20,7 @@ A kernel supplies only its move in the working frame of the preconditioner (θ =
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any, NamedTuple
 
@@ -32,14 +33,15 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import is_prng_key
 
 from numpyro_sg.diagnostics.convergence import ConvergenceWarning
-from numpyro_sg.infer.minibatch import Anchor, Minibatcher, jit_with_data, subsample_plates
+from numpyro_sg.infer.minibatch import Anchor, jit_with_data, subsample_plates
 from numpyro_sg.infer.model_info import trace_model
+from numpyro_sg.infer.sharded_minibatch import is_sharded, make_minibatcher
+from numpyro_sg.infer.sharding import auto_view, check_not_parallel
 from numpyro_sg.infer.preconditioner import (
     Preconditioner,
     adapted_preconditioner,
     from_working,
     init_moments,
-    rows_to_working,
     to_working,
     update_moments,
 )
@@ -229,25 +231,29 @@ class GradientKernel(SGKernel):
         """Trace the model once, find its subsample plates, build the mini-batcher and run the
         warmup's mode search when needed: ``(model info, ModeFit or None)``."""
         strategy = self._init_strategy
+        check_not_parallel(model_args, model_kwargs, isinstance(key_init, jax.core.Tracer))
+        data = auto_view(model_args, model_kwargs)  # eager NumPyro code runs on Explicit meshes too
         with jax.ensure_compile_time_eval():  # structural work stays eager under pmap too
             trace_kwargs = dict(init_strategy=(strategy or init_to_uniform) if init_params is None else None,
                                 rng_key=key_init)
-            info = trace_model(self._model, model_args, model_kwargs, **trace_kwargs)
-            model = integrate_locals(self._model, info, model_args, model_kwargs)
+            info = trace_model(self._model, *data, **trace_kwargs)
+            model = integrate_locals(self._model, info, *data)
             if model is not self._model:  # local latents: the kernels sample the globals' marginal
                 self._model = model
-                info = trace_model(model, model_args, model_kwargs, **trace_kwargs)
+                info = trace_model(model, *data, **trace_kwargs)
             plates = subsample_plates(info, self._subsample_size, check_data=self._check_data,
-                                      model_args=model_args, model_kwargs=model_kwargs)
+                                      model_args=data[0], model_kwargs=data[1])
             if self.estimate_noise and len(plates) > 1:
                 raise ValueError(
                     f"{type(self).__name__} with these settings estimates the gradient noise from "
                     f"per-datum gradients, which needs exactly one subsample plate; the model has "
                     f"{[p.name for p in plates]}."
                 )
-            self._mb = Minibatcher(self._model, plates, replace=self._replace)
-            self._deterministic_in_plate = info.deterministic_in(p.name for p in plates)
-            _, self._unravel = ravel_pytree(info.unconstrained_example())
+        self._mb = make_minibatcher(self._model, plates, self._replace, model_args, model_kwargs)
+        self._deterministic_in_plate = info.deterministic_in(p.name for p in plates)
+        _, self._unravel = ravel_pytree(info.unconstrained_example())
+        # (shard_map cannot run under ensure_compile_time_eval; sharded data exclude pmap anyway)
+        with contextlib.nullcontext() if is_sharded(self._mb) else jax.ensure_compile_time_eval():
             need_mode = self._needs_mode(init_params)
             fit = self._mode_fit(info, model_args, model_kwargs) if need_mode else None
         return info, fit
@@ -274,6 +280,16 @@ class GradientKernel(SGKernel):
             rng_key=key,
             **self._init_fields(est.noise_sd, hyper, dim, dtype),
         )
+
+    def postprocess_fn(self, model_args, model_kwargs):
+        """As :meth:`SGKernel.postprocess_fn`; on data split over a mesh, shard-locally
+        (:meth:`~numpyro_sg.infer.sharded_minibatch.ShardedMinibatcher.postprocess_fn`)."""
+        if is_sharded(self._mb):
+            if self._deterministic_in_plate:
+                raise ValueError("a deterministic site inside the subsample plate (one value per "
+                                 "datum) is not available on data split over a mesh.")
+            return self._mb.postprocess_fn(model_args, model_kwargs)
+        return super().postprocess_fn(model_args, model_kwargs)
 
     # -- warmup adaptation and the end-of-run report --------------------------------------
     #: fractions of num_warmup: moments collected from the first, preconditioner re-estimated
@@ -333,15 +349,9 @@ class GradientKernel(SGKernel):
     # -- one iteration ----------------------------------------------------------------------
     def _estimate(self, flat, indices, anchor, precond, model_args, model_kwargs):
         """Gradient estimate (value, ĝ, τ̂ in the working frame) at ``flat`` on ``indices``."""
-        log_density = self._mb.log_density_fn(model_args, model_kwargs)
-        unravel = self._unravel
-
-        def flat_log_density(x, idx):
-            return log_density(unravel(x), idx)
-
-        return self._mb.estimate(
-            flat_log_density, flat, indices, anchor=anchor, noise=self.estimate_noise,
-            to_working=lambda G: rows_to_working(precond, G), groups=self.noise_groups,
+        return self._mb.estimate_at(
+            self._unravel, flat, indices, anchor=anchor, noise=self.estimate_noise,
+            precond=precond, groups=self.noise_groups, model_args=model_args, model_kwargs=model_kwargs,
         )
 
     def step(self, state, model_args, model_kwargs):

@@ -55,6 +55,7 @@ from numpyro_sg.diagnostics.model_scores import (
     stein_dataset,
 )
 from numpyro_sg.infer.model_info import improper_to_uniform
+from numpyro_sg.infer.sharding import auto_view
 from numpyro_sg.results.chains import DIVERGED_ATTR, diverged_chains, warn_diverged
 
 
@@ -191,6 +192,7 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     """
     ksd_options = _checked_ksd_options(mcmc, ksd_options, check)
     model, model_args, model_kwargs = run_model(mcmc, model, model_args, model_kwargs)
+    model_args, model_kwargs = auto_view(model_args, model_kwargs)  # data on an Explicit mesh
     idata = _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood,
                              log_likelihood_limit_gb, kwargs)
     scores = _finish(idata, ModelScores(model, model_args, model_kwargs), sampling_time)

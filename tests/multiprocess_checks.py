@@ -1,0 +1,42 @@
+"""One process of a multi-process run (``tests/test_sharding.py``): ``python
+tests/multiprocess_checks.py PROCESS_ID NUM_PROCESSES PORT OUT.npy``.
+
+With NUM_PROCESSES = 2 each process owns one CPU device and half of the rows
+(``jax.distributed.initialize`` + ``jax.make_array_from_process_local_data``); with 1 the
+process has two forced devices and places the same rows with ``jax.device_put``.  Process 0
+saves SGLD's draws to OUT.npy.
+"""
+
+import os
+import sys
+
+process_id, num_processes, port, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={1 if num_processes > 1 else 2}"
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+from numpyro.infer import MCMC  # noqa: E402
+
+if num_processes > 1:
+    jax.distributed.initialize(f"localhost:{port}", num_processes=num_processes, process_id=process_id)
+
+import numpyro_sg as nsg  # noqa: E402
+from sharded_checks import data, logistic  # noqa: E402
+
+X, y = data()
+mesh = jax.make_mesh((2,), ("data",))
+rows = NamedSharding(mesh, P("data"))
+if num_processes > 1:
+    mine = slice(process_id * len(X) // 2, (process_id + 1) * len(X) // 2)
+    args = (jax.make_array_from_process_local_data(rows, X[mine]),
+            jax.make_array_from_process_local_data(rows, y[mine]))
+else:
+    args = (jax.device_put(X, rows), jax.device_put(y, rows))
+mcmc = MCMC(nsg.SGLD(logistic), num_warmup=200, num_samples=300, num_chains=2,
+            chain_method="vectorized", progress_bar=False, jit_model_args=True)
+mcmc.run(jax.random.PRNGKey(0), *args)
+draws = np.asarray(mcmc.get_samples()["theta"])
+if jax.process_index() == 0:
+    np.save(out_path, draws)
