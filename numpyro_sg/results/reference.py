@@ -18,6 +18,7 @@ import hashlib
 import inspect
 import os
 import time
+import tokenize
 from pathlib import Path
 from typing import Callable
 
@@ -54,9 +55,11 @@ __all__ = ["nuts_reference", "compare_to_reference", "plot_reference_comparison"
 
 # -- NUTS reference -------------------------------------------------------------------------
 def _model_source(model) -> str:
+    """The model's source (its ``repr`` when there is none: a model defined by ``exec``, whose
+    file lines are not its code, fails with a tokenizer error on Python ≥ 3.12)."""
     try:
         return inspect.getsource(model)
-    except (OSError, TypeError):
+    except (OSError, TypeError, SyntaxError, tokenize.TokenError):
         return repr(model)
 
 
