@@ -14,6 +14,11 @@ population's:
 defaults runs on mini-batches of 30 of the 180 rows, and :func:`numpyro_sg.compare_to_reference`
 reports its errors in NUTS sds.  The figure overlays the two runs' marginals
 (:func:`numpyro_sg.plot_reference_comparison`).
+
+Known problem, not yet solved: with the defaults the warmup's mode search drives the subject
+intercept scale ``tau_a`` towards 0 (a hierarchical model's joint mode sits where a scale
+vanishes), and the comparison shows it (``tau_a`` about 4 NUTS sds low in a short run); the
+script is therefore not in the documentation's gallery yet.
 """
 
 from __future__ import annotations
