@@ -60,3 +60,28 @@ def linear_data():
     theta = np.array([0.5, -1.0, 2.0])
     y = (X @ theta + rng.normal(size=N)).astype(np.float32)
     return X, y
+
+
+#: the longest statistical tests of the default suite (10–45 s each on CI's 2 cores): marked
+#: ``heavy``, so that .ci/test_stacks.sh runs them on the pinned stack only (-m "not heavy" on
+#: the current stack).  A test id without brackets marks every parametrisation of it.
+HEAVY = (
+    "tests/test_conjugate.py::test_recovers_gaussian_posterior",
+    "tests/test_cyclical.py::test_recovers_the_gaussian_posterior",
+    "tests/test_esgld.py::test_defaults_match_nuts_given_the_selected_model_on_breast_cancer",
+    "tests/test_highdim.py::test_bpmf_small_sgld_reaches_information_bound",
+    "tests/test_readme.py::test_readme_use_snippet_converges_against_nuts",
+    "tests/test_sparse_async.py::test_async_relative_error_close_to_exact",
+    "tests/test_sparse_async.py::test_exact_matches_enumeration_gaussian_draw",
+    "tests/test_sparse_async.py::test_sgld_variant_fast_and_dense_agree_and_chain_methods",
+    "tests/test_tuning.py::test_best_params_reproduce_the_tuned_accuracy_under_mcmc",
+    "tests/test_tuning.py::test_mamba_finds_planted_arm_within_budget",
+    "tests/test_tuning.py::test_tuning_example_runs",
+    "tests/test_warmup.py::test_defaults_match_nuts",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.split("[")[0] in HEAVY:
+            item.add_marker(pytest.mark.heavy)

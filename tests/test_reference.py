@@ -26,7 +26,6 @@ run with its own sd (``to_inference_data``'s default); "raw" is the papers' form
 made the scale-aware KSD the default (SPEC §7).
 """
 
-import arviz as az
 import jax
 import numpy as np
 import numpyro
@@ -35,6 +34,7 @@ import pytest
 from numpyro.infer import MCMC
 
 import numpyro_sg as nsg
+from numpyro_sg.arviz_compat import from_dict, rename_vars
 
 N, D = 20_000, 5
 SUBSAMPLE = 2_000
@@ -161,7 +161,7 @@ def test_posteriordb_reference_in_compare():
     ref = posteriordb_reference("sblri-blr")
     assert ref.posterior["beta"].shape == (10, 1000, 5)
     # a run that *is* a sample of the reference (other chains): ξ ≈ 0, mean error ≈ 0
-    run = az.from_dict(posterior={k: ref.posterior[k].values[:5] for k in ("beta", "sigma")})
+    run = from_dict(posterior={k: ref.posterior[k].values[:5] for k in ("beta", "sigma")})
     table = nsg.compare_to_reference(run, ref, ksd=False)
     assert list(table.index) == [f"beta[{j}]" for j in range(5)] + ["sigma"]
     assert table.attrs["xi_sd"] < 0.05  # 5,000 of the 10,000 draws: sampling noise only
@@ -169,9 +169,9 @@ def test_posteriordb_reference_in_compare():
     renamed = posteriordb_reference("sblri-blr", names={"beta": "coef"})
     assert "coef" in renamed.posterior and "beta" not in renamed.posterior
     with pytest.raises(ValueError, match="share no variable"):
-        nsg.compare_to_reference(az.from_dict(posterior={"beta": run.posterior["beta"].values}),
+        nsg.compare_to_reference(from_dict(posterior={"beta": run.posterior["beta"].values}),
                     renamed, var_names=None, ksd=False, reference_names={"sigma": "s"})
-    table = nsg.compare_to_reference(run.rename_vars({"beta": "coef"}), renamed, var_names="coef", ksd=False)
+    table = nsg.compare_to_reference(rename_vars(run, {"beta": "coef"}), renamed, var_names="coef", ksd=False)
     assert list(table.index) == [f"coef[{j}]" for j in range(5)]
 
 
@@ -185,8 +185,8 @@ def test_plots_from_the_package(runs, tmp_path):
                            reference=runs["ref"])
     assert len(ax.get_lines()) == 2
     ax.figure.savefig(tmp_path / "ksd_path.png")
-    axes = nsg.plot_reference_comparison(runs["small"], runs["ref"])
-    assert sum(bool(a.get_title()) for a in np.ravel(axes)) == D
+    nsg.plot_reference_comparison(runs["small"], runs["ref"])  # axes, or a PlotCollection (ArviZ >= 1)
+    assert sum(bool(a.get_title()) for a in plt.gcf().axes) == D
     plt.close("all")
 
 

@@ -1,11 +1,11 @@
 """Variable-selection summaries (numpyro_sg.results.selection): inclusion probabilities from every
 input form, the median probability model, FSR / NSR / MSE₁ / MSE₀, and the plot."""
 
-import arviz as az
 import numpy as np
 import pytest
 
 from numpyro_sg.results import selection as sel
+from numpyro_sg.arviz_compat import from_dict
 
 
 def test_metrics_by_hand():
@@ -28,7 +28,7 @@ def test_inclusion_from_every_form():
     want = incl.reshape(-1, 4).mean(0)
     np.testing.assert_allclose(sel.inclusion_probabilities(incl), want)
     np.testing.assert_allclose(sel.inclusion_probabilities({"inclusion": incl.reshape(-1, 4)}), want)
-    idata = az.from_dict(posterior={"inclusion": incl, "gamma": gamma, "beta": beta})
+    idata = from_dict(posterior={"inclusion": incl, "gamma": gamma, "beta": beta})
     np.testing.assert_allclose(sel.inclusion_probabilities(idata), want)
     np.testing.assert_allclose(sel.inclusion_probabilities(idata, indicator="gamma"), gamma.reshape(-1, 4).mean(0))
     np.testing.assert_allclose(sel.inclusion_probabilities({"gamma": gamma}), gamma.reshape(-1, 4).mean(0))

@@ -10,6 +10,7 @@ import pytest
 from numpyro.infer import MCMC
 
 import numpyro_sg as nsg
+from numpyro_sg.arviz_compat import from_dict
 from numpyro_sg.datasets import simulate_logistic_regression
 
 from conftest import linear_model, logistic_model
@@ -96,8 +97,8 @@ def test_to_inference_data_leaves_a_diverged_chain_out_of_the_pooled_ksd(one_div
     theta = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
     assert np.abs(theta[1] - theta[0].mean(0)).max() > 10.0  # chain 1 blew up (posterior sd ≈ 0.03)
     assert np.all(theta[1, -10:] == theta[1, -1])  # and is frozen
-    alone = az.summary(az.from_dict(posterior={"theta": theta[:1]}), round_to="none")
-    pooled = az.summary(az.from_dict(posterior={"theta": theta}), round_to="none")
+    alone = az.summary(from_dict(posterior={"theta": theta[:1]}), round_to="none")
+    pooled = az.summary(from_dict(posterior={"theta": theta}), round_to="none")
     table = table.loc[alone.index]
     np.testing.assert_allclose(table["mean"], alone["mean"], rtol=1e-6)
     np.testing.assert_allclose(table["sd"], alone["sd"], rtol=1e-6)
@@ -114,7 +115,7 @@ def test_selection_summary_leaves_diverged_chains_out_and_reports_disagreement()
     gamma[1, :, 1] = 1                                # chain 1 also selects variable 1
     beta = rng.normal(1.0, 0.1, (3, 200, 4)) * gamma
     beta[2] = 1e12                                    # chain 2 blew up
-    idata = az.from_dict(posterior={"gamma": gamma, "beta": beta}, sample_stats={"x": np.zeros((3, 200))})
+    idata = from_dict(posterior={"gamma": gamma, "beta": beta}, sample_stats={"x": np.zeros((3, 200))})
     idata.sample_stats.attrs["diverged_chains"] = [2]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

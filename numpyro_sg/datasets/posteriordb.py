@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from numpyro_sg.arviz_compat import from_dict
+
 __all__ = [
     "posteriordb_dir",
     "load_posteriordb",
@@ -118,14 +120,13 @@ def load_posteriordb(name: str, root: Path | None = None) -> tuple[dict, dict]:
 
 
 def posteriordb_reference(name: str, names: dict | None = None, root: Path | None = None):
-    """Reference draws of posterior ``name`` as an ``arviz.InferenceData`` (chains kept).
+    """Reference draws of posterior ``name`` as ArviZ data (chains kept): an
+    ``arviz.InferenceData``, or an ``xarray.DataTree`` with ArviZ ≥ 1.
 
     :param names: ``{posteriordb parameter: model site}`` renames (e.g. ``{"beta": "theta"}``);
         parameters not named keep their posteriordb name.
     :param root: the posteriordb folder (default :func:`posteriordb_dir`).
     """
-    import arviz as az
-
     root = posteriordb_dir() if root is None else Path(root)
     if not (root / "draws" / f"{name}.json.zip").exists():
         raise FileNotFoundError(
@@ -136,6 +137,6 @@ def posteriordb_reference(name: str, names: dict | None = None, root: Path | Non
     unknown = set(names) - set(draws)
     if unknown:
         raise KeyError(f"{sorted(unknown)} are not parameters of {name!r}: {sorted(draws)}.")
-    idata = az.from_dict(posterior={names.get(k, k): v for k, v in draws.items()})
+    idata = from_dict(posterior={names.get(k, k): v for k, v in draws.items()})
     idata.posterior.attrs["posteriordb"] = name
     return idata

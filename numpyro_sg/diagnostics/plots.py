@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from numpyro_sg.arviz_compat import get_group, has_group
 from numpyro_sg.diagnostics.ksd import ksd_path
 from numpyro_sg.diagnostics.model_scores import STEIN_GROUP, stein_arrays
 
@@ -17,12 +18,12 @@ __all__ = ["ksd_path_of_run", "plot_ksd_path"]
 
 
 def _stein(idata):
-    if not hasattr(idata, "groups") or STEIN_GROUP not in idata.groups():
+    if not has_group(idata, STEIN_GROUP):
         raise ValueError(
-            "this InferenceData has no 'stein' group: make it with "
+            "this run has no 'stein' group: make it with "
             "numpyro_sg.to_inference_data(mcmc, ksd=True)."
         )
-    return idata[STEIN_GROUP]
+    return get_group(idata, STEIN_GROUP)
 
 
 def _pooled_sd(runs) -> np.ndarray:
@@ -46,15 +47,15 @@ def ksd_path_of_run(idata, *, scales=None, num_steps: int = 20, **options) -> pd
 
     **Example:** a run converted with a stored ``stein`` group (here made by hand).
 
-    >>> import arviz as az
     >>> import numpy as np
     >>> import xarray as xr
+    >>> from numpyro_sg.arviz_compat import from_dict, set_group
     >>> from numpyro_sg.diagnostics.plots import ksd_path_of_run
     >>> x = np.random.default_rng(0).normal(size=(2, 100, 3))  # 2 chains, N(0, I) draws
     >>> dims = ("chain", "draw", "coordinate")
-    >>> idata = az.from_dict(posterior={"theta": x})
-    >>> idata.add_groups(stein=xr.Dataset({"unconstrained": (dims, x), "score": (dims, -x)},
-    ...                                   coords={"draw": np.arange(100)}))
+    >>> idata = from_dict(posterior={"theta": x})
+    >>> set_group(idata, "stein", xr.Dataset({"unconstrained": (dims, x), "score": (dims, -x)},
+    ...                                      coords={"draw": np.arange(100)}))
     >>> path = ksd_path_of_run(idata, num_steps=5)
     >>> list(path.columns), int(path["draw"].iloc[-1])
     (['draw', 'seconds', 'ksd'], 99)
@@ -97,18 +98,18 @@ def plot_ksd_path(runs, *, x: str = "draw", reference=None, scales=None, num_ste
 
     **Example:**
 
-    >>> import arviz as az
     >>> import matplotlib
     >>> import numpy as np
     >>> import xarray as xr
     >>> import numpyro_sg as nsg
+    >>> from numpyro_sg.arviz_compat import from_dict, set_group
     >>> matplotlib.use("Agg")
     >>> def run(scale):  # an InferenceData with a stored ``stein`` group, made by hand
     ...     x = scale * np.random.default_rng(0).normal(size=(1, 100, 2))
     ...     dims = ("chain", "draw", "coordinate")
-    ...     idata = az.from_dict(posterior={"theta": x})
-    ...     idata.add_groups(stein=xr.Dataset({"unconstrained": (dims, x), "score": (dims, -x)},
-    ...                                       coords={"draw": np.arange(100)}))
+    ...     idata = from_dict(posterior={"theta": x})
+    ...     set_group(idata, "stein", xr.Dataset({"unconstrained": (dims, x), "score": (dims, -x)},
+    ...                                          coords={"draw": np.arange(100)}))
     ...     return idata
     >>> ax = nsg.plot_ksd_path({"exact": run(1.0), "too wide": run(2.0)}, num_steps=5)
     >>> ax.get_ylabel()

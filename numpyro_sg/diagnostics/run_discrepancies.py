@@ -110,13 +110,13 @@ def ksd_of_run(obj, *, model=None, model_args=None, model_kwargs=None, precondit
 
     **Example:**
 
-    >>> import arviz as az
     >>> import numpy as np
+    >>> from numpyro_sg.arviz_compat import from_dict
     >>> from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
     >>> from numpyro_sg.diagnostics.model_scores import ksd_of_run
     >>> X, y, theta = simulate_logistic_regression(num_data=500, dim=3)
     >>> draws = theta + 0.1 * np.random.default_rng(0).normal(size=(2, 200, 3))
-    >>> idata = az.from_dict(posterior={"theta": draws})
+    >>> idata = from_dict(posterior={"theta": draws})
     >>> value = ksd_of_run(idata, model=logistic_regression_model, model_args=(X, y))
     >>> bool(value > 0)
     True
@@ -140,14 +140,14 @@ def fssd_of_run(obj, *, model=None, model_args=None, model_kwargs=None, precondi
     **Example:** two runs compared on one scale (fixed scales, so both use the same
     preconditioner); the run shifted by 1 in every coordinate scores far worse.
 
-    >>> import arviz as az
     >>> import numpy as np
+    >>> from numpyro_sg.arviz_compat import from_dict
     >>> from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
     >>> from numpyro_sg.diagnostics.model_scores import fssd_of_run
     >>> X, y, theta = simulate_logistic_regression(num_data=500, dim=3)
     >>> def run(shift):
     ...     noise = 0.1 * np.random.default_rng(0).normal(size=(1, 200, 3))
-    ...     return az.from_dict(posterior={"theta": theta + shift + noise})
+    ...     return from_dict(posterior={"theta": theta + shift + noise})
     >>> options = dict(model=logistic_regression_model, model_args=(X, y), preconditioner=np.full(3, 0.1))
     >>> bool(fssd_of_run(run(0.0), **options) < fssd_of_run(run(1.0), **options))
     True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from numpyro_sg.arviz_compat import get_group, has_group
 from numpyro_sg.diagnostics.full_data_scores import ModelScores
 
 __all__ = ["STEIN_GROUP", "thin_indices", "run_samples", "run_model", "stein_dataset",
@@ -52,10 +53,10 @@ def run_samples(obj) -> dict:
 
     **Example:**
 
-    >>> import arviz as az
     >>> import numpy as np
+    >>> from numpyro_sg.arviz_compat import from_dict
     >>> from numpyro_sg.diagnostics.model_scores import run_samples
-    >>> idata = az.from_dict(posterior={"theta": np.zeros((2, 100, 3))})
+    >>> idata = from_dict(posterior={"theta": np.zeros((2, 100, 3))})
     >>> {k: v.shape for k, v in run_samples(idata).items()}
     {'theta': (2, 100, 3)}
     """
@@ -82,10 +83,10 @@ def run_model(obj, model=None, model_args=None, model_kwargs=None):
 
     **Example:**
 
-    >>> import arviz as az
     >>> import numpy as np
+    >>> from numpyro_sg.arviz_compat import from_dict
     >>> from numpyro_sg.diagnostics.model_scores import run_model
-    >>> idata = az.from_dict(posterior={"theta": np.zeros((1, 10, 3))})
+    >>> idata = from_dict(posterior={"theta": np.zeros((1, 10, 3))})
     >>> run_model(idata)
     (None, (), {})
     """
@@ -185,20 +186,20 @@ def stein_of(obj, model=None, model_args=None, model_kwargs=None, max_draws: int
 
     **Example:**
 
-    >>> import arviz as az
     >>> import numpy as np
+    >>> from numpyro_sg.arviz_compat import from_dict
     >>> from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
     >>> from numpyro_sg.diagnostics.model_scores import stein_of
     >>> X, y, _ = simulate_logistic_regression(num_data=500, dim=3)
-    >>> idata = az.from_dict(posterior={"theta": np.zeros((2, 100, 3))})
+    >>> idata = from_dict(posterior={"theta": np.zeros((2, 100, 3))})
     >>> stein, scores = stein_of(idata, logistic_regression_model, (X, y), max_draws=20)
     >>> dict(stein.sizes), scores.dim
     ({'chain': 2, 'draw': 20, 'coordinate': 3}, 3)
     """
     model, model_args, model_kwargs = run_model(obj, model, model_args, model_kwargs)
     if model is None:
-        if hasattr(obj, "groups") and STEIN_GROUP in obj.groups():
-            return obj[STEIN_GROUP], None
+        if has_group(obj, STEIN_GROUP):
+            return get_group(obj, STEIN_GROUP), None
         raise ValueError(
             "this InferenceData has no 'stein' group (scored draws); pass model=, model_args= "
             "(and model_kwargs=) so the full-data scores can be computed."

@@ -23,6 +23,7 @@ import pandas as pd
 import xarray as xr
 from numpyro.handlers import substitute
 
+from numpyro_sg.arviz_compat import set_group
 from numpyro_sg.infer.handlers import with_indices
 from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.model_info import trace_model
@@ -100,7 +101,7 @@ def add_local_posterior(idata, model: MarginalModel, samples: dict, model_args=(
         data[f"{name}_mean"] = xr.DataArray(mean, dims=dims)
         data[f"{name}_sd"] = xr.DataArray(sd, dims=dims)
     ds = xr.Dataset(data, attrs={"method": model.resolved, "rao_blackwellised": 1})
-    idata.add_groups({LOCAL_GROUP: ds}, warn_on_custom_groups=False)
+    set_group(idata, LOCAL_GROUP, ds)
     return idata
 
 

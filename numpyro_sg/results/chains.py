@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import warnings
 
-import arviz as az
 import numpy as np
 
+from numpyro_sg.arviz_compat import from_dict, get_group, has_group, select_chains, set_group
 from numpyro_sg.diagnostics.convergence import DivergenceWarning
 
 __all__ = ["DIVERGED_ATTR", "diverged_chains", "without_diverged", "warn_diverged"]
@@ -48,7 +48,7 @@ def _flagged(obj, chains: int) -> np.ndarray:
     """The chains a kernel of this package flagged ``diverging`` (bool (chains,))."""
     flags = np.zeros(chains, bool)
     if hasattr(obj, "posterior"):
-        stats = obj.sample_stats if "sample_stats" in obj.groups() else None
+        stats = get_group(obj, "sample_stats") if has_group(obj, "sample_stats") else None
         listed = [] if stats is None else list(np.asarray(stats.attrs.get(DIVERGED_ATTR, []), int).reshape(-1))
         flags[[c for c in listed if 0 <= c < chains]] = True
         return flags
@@ -72,12 +72,12 @@ def diverged_chains(obj) -> list:
 
     **Example:**
 
-    >>> import arviz as az
     >>> import numpy as np
+    >>> from numpyro_sg.arviz_compat import from_dict
     >>> from numpyro_sg.results.chains import diverged_chains
     >>> draws = np.zeros((3, 10, 2))
     >>> draws[1, 5:] = np.inf
-    >>> diverged_chains(az.from_dict(posterior={"theta": draws}))
+    >>> diverged_chains(from_dict(posterior={"theta": draws}))
     [1]
     """
     samples = _grouped(obj)
@@ -122,8 +122,10 @@ def without_diverged(obj, what: str):
         return obj, diverged
     keep = [c for c in range(chains) if c not in set(diverged)]
     if hasattr(obj, "posterior"):
-        kept = obj.isel(chain=keep)
-        if "sample_stats" in kept.groups():  # positions changed: the kept chains did not diverge
-            kept.sample_stats.attrs = {**kept.sample_stats.attrs, DIVERGED_ATTR: []}
+        kept = select_chains(obj, keep)
+        if has_group(kept, "sample_stats"):  # positions changed: the kept chains did not diverge
+            stats = get_group(kept, "sample_stats")
+            stats.attrs = {**stats.attrs, DIVERGED_ATTR: []}
+            set_group(kept, "sample_stats", stats)
         return kept, diverged
-    return az.from_dict(posterior={k: v[keep] for k, v in samples.items()}), diverged
+    return from_dict(posterior={k: v[keep] for k, v in samples.items()}), diverged

@@ -18,7 +18,8 @@ Stein discrepancy of the run (full-data scores) to ``sample_stats``.  Its groups
   ``ksd_per_coordinate`` and :func:`numpyro_sg.posterior_summary` leave them out, with a
   :class:`~numpyro_sg.DivergenceWarning` naming them.  With ArviZ directly, select the other
   chains first: ``idata.isel(chain=[c for c in range(idata.posterior.sizes["chain"]) if c not
-  in idata.sample_stats.attrs["diverged_chains"]])``.
+  in idata.sample_stats.attrs["diverged_chains"]])`` (with ArviZ ≥ 1 add
+  ``missing_dims="ignore"``).
 * ``stein``: the scored draws (``unconstrained`` and ``score``, dims
   ``(chain, draw, coordinate)``) and ``ksd_per_coordinate``, so that :func:`numpyro_sg.ksd`,
   :func:`numpyro_sg.posterior_summary` and :func:`numpyro_sg.compare_to_reference` recompute
@@ -36,11 +37,12 @@ import math
 import time
 from types import SimpleNamespace
 
-import arviz as az
 import jax
 import numpy as np
 import xarray as xr
 from numpyro import handlers
+
+from numpyro_sg.arviz_compat import from_numpyro, get_group, has_group, set_group
 
 from numpyro_sg.locals.posterior import add_local_posterior
 from numpyro_sg.diagnostics.convergence import check_convergence
@@ -112,10 +114,10 @@ def cast_discrete(idata, discrete_sites):
 
     **Example:**
 
-    >>> import arviz as az
     >>> import numpy as np
+    >>> from numpyro_sg.arviz_compat import from_dict
     >>> from numpyro_sg.results.inference_data import cast_discrete
-    >>> idata = az.from_dict(posterior={"gamma": np.array([[0.0, 1.0, 1.0]])})
+    >>> idata = from_dict(posterior={"gamma": np.array([[0.0, 1.0, 1.0]])})
     >>> cast_discrete(idata, ["gamma"])
     >>> idata.posterior["gamma"].dtype
     dtype('int64')
@@ -127,7 +129,7 @@ def cast_discrete(idata, discrete_sites):
 
 def _name_coordinate_dims(idata, coordinate_names):
     """Put per-coordinate sample_stats (``grad_noise_sd``, ``step_size``, …) on a named dim."""
-    stats = idata.sample_stats
+    stats = get_group(idata, "sample_stats")
     old_dims = set()
     for name, var in list(stats.data_vars.items()):
         if var.ndim == 3 and var.shape[-1] == len(coordinate_names):
@@ -137,15 +139,15 @@ def _name_coordinate_dims(idata, coordinate_names):
             )
     if old_dims:
         stats = stats.drop_vars([d for d in old_dims if d in stats.coords])
-        idata.sample_stats = stats.assign_coords(coordinate=coordinate_names)
+        set_group(idata, "sample_stats", stats.assign_coords(coordinate=coordinate_names))
 
 
 def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
                       ksd_draws: int | None = 1000, preconditioner="sd", ksd_options: dict | None = None,
                       log_likelihood_limit_gb: float | None = 1.0, sampling_time: float | None = None,
                       model=None, model_args=None, model_kwargs=None, check: bool = True,
-                      **kwargs) -> az.InferenceData:
-    """``arviz.InferenceData`` of an MCMC run, with full-data observations and KSD.
+                      **kwargs):
+    """ArviZ data of an MCMC run (``InferenceData``; ``xarray.DataTree`` with ArviZ ≥ 1), with KSD.
 
     Works for the ``numpyro_sg`` kernels and for any NumPyro kernel (NUTS too).  The groups
     (``posterior``, ``sample_stats`` with the KSD, ``stein``, ``observed_data``, optionally
@@ -185,7 +187,7 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     >>> mcmc = MCMC(NUTS(model), num_warmup=200, num_samples=200, progress_bar=False)
     >>> mcmc.run(random.PRNGKey(0), np.random.default_rng(0).normal(1.0, 1.0, size=100))
     >>> idata = nsg.to_inference_data(mcmc)
-    >>> sorted(idata.groups())
+    >>> sorted(nsg.arviz_compat.group_names(idata))
     ['observed_data', 'posterior', 'sample_stats', 'stein']
     >>> idata.sample_stats.attrs["ksd_preconditioner"], idata.sample_stats["ksd"].dims
     ('sd', ('chain',))
@@ -199,7 +201,6 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     diverged = _record_diverged(idata, mcmc)
     if ksd:
         _attach_run_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options, diverged)
-    add_local_posterior(idata, model, mcmc.get_samples(), model_args, model_kwargs)  # locals, if any
     return idata
 
 
@@ -209,7 +210,7 @@ def _finish(idata, scores, sampling_time):
     if sampling_time is not None:
         idata.posterior.attrs["sampling_time"] = float(sampling_time)
     cast_discrete(idata, scores.discrete_sites)
-    if "sample_stats" in idata.groups():
+    if has_group(idata, "sample_stats"):
         _name_coordinate_dims(idata, scores.coordinate_names)
     return scores
 
@@ -219,8 +220,8 @@ def _record_diverged(idata, mcmc) -> list:
     ``sample_stats.attrs["diverged_chains"]`` (chain positions), in place; return them."""
     diverged = diverged_chains(mcmc)
     warn_diverged(diverged, idata.posterior.sizes["chain"], "the pooled KSD and posterior_summary")
-    if "sample_stats" not in idata.groups():
-        idata.add_groups(sample_stats=xr.Dataset(attrs={DIVERGED_ATTR: list(diverged)}))
+    if not has_group(idata, "sample_stats"):
+        set_group(idata, "sample_stats", xr.Dataset(attrs={DIVERGED_ATTR: list(diverged)}))
     idata.sample_stats.attrs[DIVERGED_ATTR] = list(diverged)
     return diverged
 
@@ -260,14 +261,16 @@ def _checked_ksd_options(mcmc, ksd_options, check=False) -> dict:
 
 
 def _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood, limit_gb, kwargs):
-    """``az.from_numpyro`` of the run seen through its model on the full data."""
+    """``az.from_numpyro`` of the run seen through its model on the full data, with the local
+    latents' posterior group when the model has local latents."""
     full_model = full_data_model(model, model_args, model_kwargs)
     if log_likelihood:
         num_samples = next(iter(mcmc.get_samples().values())).shape[0]  # chains × draws
         _check_log_likelihood_size(num_samples, full_model, model_args, model_kwargs, limit_gb)
     view = _FullDataView(mcmc, full_model)
     view._args, view._kwargs = model_args, model_kwargs
-    return az.from_numpyro(view, log_likelihood=log_likelihood, **kwargs)
+    idata = from_numpyro(view, log_likelihood=log_likelihood, **kwargs)
+    return add_local_posterior(idata, model, mcmc.get_samples(), model_args, model_kwargs)
 
 
 def preconditioner_name(preconditioner) -> str:
@@ -307,15 +310,15 @@ def attach_ksd(idata, stein, scales, preconditioner, options, diverged=()):
 
     **Example:**
 
-    >>> import arviz as az
     >>> import numpy as np
     >>> import xarray as xr
+    >>> from numpyro_sg.arviz_compat import from_dict
     >>> from numpyro_sg.results.inference_data import attach_ksd
     >>> x = np.random.default_rng(0).normal(size=(2, 100, 3))  # 2 chains of N(0, I) draws
     >>> dims = ("chain", "draw", "coordinate")
     >>> stein = xr.Dataset({"unconstrained": (dims, x), "score": (dims, -x)},
     ...                    coords={"chain": [0, 1], "draw": np.arange(100)})
-    >>> idata = az.from_dict(posterior={"theta": x})
+    >>> idata = from_dict(posterior={"theta": x})
     >>> attach_ksd(idata, stein, np.ones(3), "array", {})
     >>> idata.sample_stats["ksd"].shape, idata.stein["ksd_per_coordinate"].shape
     ((2,), (3,))
@@ -327,8 +330,8 @@ def attach_ksd(idata, stein, scales, preconditioner, options, diverged=()):
     stein = stein.assign(ksd_per_coordinate=("coordinate", np.asarray(per_coord)))
     chains = idata.posterior["chain"].values
     ksd_var = xr.DataArray(per_chain, dims=("chain",), coords={"chain": chains})
-    if "sample_stats" not in idata.groups():  # (ArviZ drops an empty group: add it with ksd)
-        idata.add_groups(sample_stats=xr.Dataset({"ksd": ksd_var}))
+    if not has_group(idata, "sample_stats"):  # (ArviZ drops an empty group: add it with ksd)
+        set_group(idata, "sample_stats", xr.Dataset({"ksd": ksd_var}))
     else:
         idata.sample_stats["ksd"] = ksd_var
     attrs = {
@@ -343,6 +346,4 @@ def attach_ksd(idata, stein, scales, preconditioner, options, diverged=()):
     idata.sample_stats.attrs.update(attrs)
     stein = stein.assign_coords(chain=chains)
     stein.attrs.update({k: v for k, v in attrs.items() if k != "ksd"})
-    if STEIN_GROUP in idata.groups():
-        del idata[STEIN_GROUP]
-    idata.add_groups({STEIN_GROUP: stein}, warn_on_custom_groups=False)
+    set_group(idata, STEIN_GROUP, stein)

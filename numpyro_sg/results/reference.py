@@ -18,16 +18,27 @@ import hashlib
 import inspect
 import os
 import time
+import tokenize
 from pathlib import Path
 from typing import Callable
 
-import arviz as az
 import jax
 import numpy as np
 import numpyro
 import pandas as pd
 from numpyro.infer import MCMC, NUTS
 
+from numpyro_sg.arviz_compat import (
+    ess,
+    from_dict,
+    from_netcdf,
+    get_group,
+    has_group,
+    is_run_data,
+    plot_densities,
+    rename_vars,
+    to_netcdf,
+)
 from numpyro_sg.results.inference_data import to_inference_data
 from numpyro_sg.diagnostics.model_scores import (
     STEIN_GROUP,
@@ -45,9 +56,11 @@ __all__ = ["nuts_reference", "compare_to_reference", "plot_reference_comparison"
 
 # -- NUTS reference -------------------------------------------------------------------------
 def _model_source(model) -> str:
+    """The model's source (its ``repr`` when there is none: a model defined by ``exec``, whose
+    file lines are not its code, fails with a tokenizer error on Python ≥ 3.12)."""
     try:
         return inspect.getsource(model)
-    except (OSError, TypeError):
+    except (OSError, TypeError, SyntaxError, tokenize.TokenError):
         return repr(model)
 
 
@@ -79,7 +92,7 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
                    num_warmup: int = 1000, num_samples: int = 1000, num_chains: int = 1,
                    cache_dir: str | os.PathLike | None = None, rng_key=None,
                    chain_method: str = "sequential", progress_bar: bool = True,
-                   ksd_draws: int | None = 1000, **nuts_kwargs) -> az.InferenceData:
+                   ksd_draws: int | None = 1000, **nuts_kwargs):
     """NUTS on the full data: the ground truth a stochastic-gradient run is compared with.
 
     Every subsample plate of ``model`` is switched to its full size (the exact log density),
@@ -117,7 +130,7 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
         key = _cache_key(model, model_args, model_kwargs, settings)
         path = Path(cache_dir) / f"nuts_reference_{key}.nc"
         if path.exists():
-            idata = az.from_netcdf(path)
+            idata = from_netcdf(path)
             idata.posterior.attrs["cache_file"] = str(path)
             return idata
     joint = joint_model(model, model_args, model_kwargs)  # local latents: NUTS on the joint
@@ -138,7 +151,7 @@ def _key_list(rng_key) -> list:
     return np.asarray(rng_key).tolist()
 
 
-def _timed_run(mcmc, rng_key, model, model_args, model_kwargs, ksd_draws) -> az.InferenceData:
+def _timed_run(mcmc, rng_key, model, model_args, model_kwargs, ksd_draws):
     """Run the NUTS ``mcmc`` and convert it, with its wall time as ``sampling_time``."""
     start = time.perf_counter()
     mcmc.run(rng_key, *model_args, extra_fields=("diverging",), **model_kwargs)
@@ -154,28 +167,28 @@ def _save(idata, path: Path):
     """Write ``idata`` to ``path`` atomically (through a temporary file) and record the path."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    idata.to_netcdf(tmp)
+    to_netcdf(idata, tmp)
     tmp.replace(path)
     idata.posterior.attrs["cache_file"] = str(path)
 
 
 # -- comparison -----------------------------------------------------------------------------
-def _as_idata(obj, names: dict | None = None) -> az.InferenceData:
-    """An InferenceData from an InferenceData, an MCMC, or a dict of draws."""
-    if isinstance(obj, az.InferenceData):
+def _as_idata(obj, names: dict | None = None):
+    """ArviZ data (InferenceData or DataTree) from ArviZ data, an MCMC, or a dict of draws."""
+    if is_run_data(obj):
         idata = obj
     elif hasattr(obj, "get_samples"):
-        idata = az.from_dict(posterior=obj.get_samples(group_by_chain=True))
+        idata = from_dict(posterior=obj.get_samples(group_by_chain=True))
     elif isinstance(obj, dict):
-        # {name: (draws, …)}: one chain (use az.from_dict for several)
-        idata = az.from_dict(posterior={k: np.asarray(v)[None] for k, v in obj.items()})
+        # {name: (draws, …)}: one chain (use arviz_compat.from_dict for several)
+        idata = from_dict(posterior={k: np.asarray(v)[None] for k, v in obj.items()})
     else:
         raise TypeError(
             "expected an InferenceData, an MCMC object or a dict of draws; "
             f"got {type(obj).__name__}."
         )
     if names:
-        idata = idata.rename_vars(names, groups="posterior")
+        idata = rename_vars(idata, names, group="posterior")
     return idata
 
 
@@ -198,8 +211,8 @@ def _sampling_time(idata) -> float:
 
 def _reference_stein(reference, scores: ModelScores | None, max_draws):
     """The reference's scored draws: stored, or computed from the model."""
-    if STEIN_GROUP in reference.groups():
-        return reference[STEIN_GROUP]
+    if has_group(reference, STEIN_GROUP):
+        return get_group(reference, STEIN_GROUP)
     if scores is None:
         return None
     samples = {k: np.asarray(v.values) for k, v in reference.posterior.data_vars.items()}
@@ -252,8 +265,8 @@ def compare_to_reference(idata, reference, *, var_names=None, reference_names: d
     table.attrs["reference_sampling_time"] = t_ref
     if ksd:
         table.attrs.update(_common_scale_ksd(run, ref, model, model_args, model_kwargs, ksd_draws))
-    if LOCAL_GROUP in run.groups():  # local latents: per-group rows in attrs["locals"]
-        table.attrs["locals"] = compare_locals(run[LOCAL_GROUP], ref.posterior)
+    if has_group(run, LOCAL_GROUP):  # local latents: per-group rows in attrs["locals"]
+        table.attrs["locals"] = compare_locals(get_group(run, LOCAL_GROUP), get_group(ref, "posterior"))
     return table
 
 
@@ -295,8 +308,8 @@ def _comparison_table(x: dict, r: dict, t_run: float, t_ref: float) -> pd.DataFr
             "ref_sd": ref_sd,
             "mean_err": (mean - ref_mean) / ref_sd,
             "sd_rel_err": (sd - ref_sd) / ref_sd,
-            "ess_per_s": float(az.ess(x[name])) / t_run,
-            "ref_ess_per_s": float(az.ess(r[name])) / t_ref,
+            "ess_per_s": ess(x[name]) / t_run,
+            "ref_ess_per_s": ess(r[name]) / t_ref,
         }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "variable"
@@ -308,8 +321,8 @@ def _common_scale_ksd(run, ref, model, model_args, model_kwargs, ksd_draws) -> d
     scores = None
     if model is not None:
         scores = ModelScores(model, model_args or (), model_kwargs)
-    if STEIN_GROUP in run.groups():
-        run_stein = run[STEIN_GROUP]
+    if has_group(run, STEIN_GROUP):
+        run_stein = get_group(run, STEIN_GROUP)
     elif scores is not None:
         samples = {k: np.asarray(v.values) for k, v in run.posterior.data_vars.items()}
         run_stein = stein_dataset(samples, scores, ksd_draws)
@@ -337,11 +350,15 @@ def _common_scale_ksd(run, ref, model, model_args, model_kwargs, ksd_draws) -> d
 
 def plot_reference_comparison(idata, reference, *, var_names=None, reference_names=None, labels=None,
                               **kwargs):
-    """Overlay the marginal densities of a run and a reference (``az.plot_density``).
+    """Overlay the marginal densities of a run and a reference.
+
+    With ArviZ 0.x this is ``arviz.plot_density`` and returns its matplotlib axes; with
+    ArviZ ≥ 1 it is ``arviz_plots.plot_dist`` over ``{label: run}`` and returns its
+    ``PlotCollection`` (:func:`numpyro_sg.arviz_compat.plot_densities`).
 
     :param labels: the two legend labels (default ``("run", "reference")``).
-    :param kwargs: passed to :func:`arviz.plot_density` (``figsize``, ``hdi_prob``, …).
-    :return: the matplotlib axes.
+    :param kwargs: passed to the plotting function above.
+    :return: the matplotlib axes (ArviZ 0.x) or a ``PlotCollection`` (ArviZ ≥ 1).
 
     **Example:**
 
@@ -357,9 +374,5 @@ def plot_reference_comparison(idata, reference, *, var_names=None, reference_nam
     if var_names is None:
         var_names = [v for v in run.posterior.data_vars if v in ref.posterior.data_vars]
     labels = ("run", "reference") if labels is None else labels
-    return az.plot_density(
-        [run.posterior[var_names], ref.posterior[var_names]],
-        data_labels=list(labels),
-        shade=kwargs.pop("shade", 0.1),
-        **kwargs,
-    )
+    posteriors = [get_group(run, "posterior")[var_names], get_group(ref, "posterior")[var_names]]
+    return plot_densities(posteriors, labels, **kwargs)

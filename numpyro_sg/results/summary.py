@@ -7,6 +7,7 @@ import arviz as az
 import numpy as np
 import pandas as pd
 
+from numpyro_sg.arviz_compat import has_group
 from numpyro_sg.diagnostics.model_scores import STEIN_GROUP, ksd_of_stein, resolve_run_scales, stein_of
 from numpyro_sg.results.chains import without_diverged
 from numpyro_sg.results.inference_data import to_inference_data
@@ -28,7 +29,7 @@ def posterior_summary(idata, *, preconditioner="stored", model=None, model_args=
     posterior mean of each 0/1 indicator (the marginal inclusion probability).  Diverged chains
     (:mod:`numpyro_sg.results.chains`) are left out, with a :class:`~numpyro_sg.DivergenceWarning`.
 
-    :param idata: an ``InferenceData`` from :func:`~numpyro_sg.to_inference_data` (its
+    :param idata: an ``InferenceData`` or ``DataTree`` from :func:`~numpyro_sg.to_inference_data` (its
         ``stein`` group is used), or any ``InferenceData``/``MCMC`` together with ``model=``
         and its arguments.
     :param preconditioner: ``"stored"`` (default: the per-coordinate KSD stored by
@@ -36,18 +37,19 @@ def posterior_summary(idata, *, preconditioner="stored", model=None, model_args=
         ``"sd"`` when there is none), or recompute the column with ``"sd"``, ``"laplace"``
         (needs the model), an array of scales or ``None`` (the papers' raw form), as in
         :func:`numpyro_sg.ksd`.
-    :param kwargs: passed to :func:`arviz.summary` (``var_names``, ``hdi_prob``, …).
+    :param kwargs: passed to :func:`arviz.summary` (``var_names``, …; its columns and options
+        are those of the installed ArviZ: ``hdi_prob`` with 0.x, ``ci_prob`` with ≥ 1).
 
     **Example:** draws of any origin, scored with the model; the third coordinate of these
     draws is off by 1 (about ten posterior sds), and its ``ksd`` term is the largest.
 
-    >>> import arviz as az
     >>> import numpy as np
     >>> import numpyro_sg as nsg
+    >>> from numpyro_sg.arviz_compat import from_dict
     >>> from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
     >>> X, y, theta = simulate_logistic_regression(num_data=500, dim=3)
     >>> noise = 0.1 * np.random.default_rng(0).normal(size=(2, 200, 3))
-    >>> idata = az.from_dict(posterior={"theta": theta + [0.0, 0.0, 1.0] + noise})
+    >>> idata = from_dict(posterior={"theta": theta + [0.0, 0.0, 1.0] + noise})
     >>> table = nsg.posterior_summary(idata, model=logistic_regression_model, model_args=(X, y))
     >>> table["ksd"].idxmax()
     'theta[2]'
@@ -60,7 +62,7 @@ def posterior_summary(idata, *, preconditioner="stored", model=None, model_args=
         )
     idata, _ = without_diverged(idata, "the summary")
     table = az.summary(idata, **kwargs)
-    if STEIN_GROUP in idata.groups() or model is not None:
+    if has_group(idata, STEIN_GROUP) or model is not None:
         per_coord = _per_coordinate_ksd(idata, preconditioner, stored, model, model_args, model_kwargs)
         table["ksd"] = per_coord.reindex(table.index)
     probs = _inclusion_probs(idata)

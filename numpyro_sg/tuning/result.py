@@ -6,11 +6,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import arviz as az
 import numpy as np
 import pandas as pd
 import xarray as xr
 
+from numpyro_sg.arviz_compat import from_dict
 from numpyro_sg.kernels.gradient import GradientKernel
 from numpyro_sg.results.inference_data import attach_ksd, cast_discrete, preconditioner_name
 from numpyro_sg.tuning.scoring import pooled
@@ -97,11 +97,11 @@ def arm_idata(scorer, pieces, stein, seconds, metric, criterion):
     :param float seconds: the chain time charged to the arm (``sampling_time``).
     :param metric: the tuner's metric (a name or a callable).
     :param str criterion: the tuner's criterion.
-    :return: an ``arviz.InferenceData``.
+    :return: an ``arviz.InferenceData`` (an ``xarray.DataTree`` with ArviZ ≥ 1).
     """
     z = pooled(pieces)
     samples = scorer.constrained(z)
-    idata = az.from_dict(posterior={k: v[None] for k, v in samples.items()})
+    idata = from_dict(posterior={k: v[None] for k, v in samples.items()})
     idata.posterior.attrs["sampling_time"] = float(seconds)
     cast_discrete(idata, scorer.scores.discrete_sites)
     if stein is not None:
