@@ -39,7 +39,13 @@ from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import potential_energy
 
 from numpyro_sg.infer import full_density
-from numpyro_sg.infer.handlers import full_data, mask_plate_rows, with_indices, without_plate_sites
+from numpyro_sg.infer.handlers import (
+    full_data,
+    likelihood_only,
+    mask_plate_rows,
+    with_indices,
+    without_plate_sites,
+)
 from numpyro_sg.infer.indices import BatchState, draw_with_replacement, draw_without_replacement
 from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.plates import (
@@ -188,6 +194,59 @@ class Minibatcher:
 
         return log_density
 
+    def likelihood_fn(self, model_args=(), model_kwargs=None) -> Callable:
+        """``(params, indices) -> (N/n)·Σ_{i∈S} log f(x_i|θ)`` (+ the log-Jacobian factors):
+        :meth:`log_density_fn` without the latent sites outside the subsample plates
+        (:class:`~numpyro_sg.infer.handlers.likelihood_only`), so its cost is that of the
+        mini-batch alone, not O(d)."""
+        model_kwargs = model_kwargs or {}
+        names = tuple(p.name for p in self.plates)
+
+        def likelihood(params, indices):
+            model = likelihood_only(with_indices(self.model, indices), names)
+            return -potential_energy(model, model_args, model_kwargs, params)
+
+        return likelihood
+
+    def group_noise_sd(self, likelihood, flat, indices, groups: int, anchor: Anchor | None = None,
+                       to_working: Callable | None = None):
+        """τ̂ from k = ``groups`` group estimators, in memory O(d) and time O(n + k·d).
+
+        The same estimate as :meth:`value_grad_noise` with ``groups``: the batch's n indices
+        are split into k contiguous groups S_g of m = n/k and τ̂ = sd_g(g_g)/√k (× √(1 − n/N)
+        without replacement).  The prior's gradient is the same in every g_g and drops out of
+        their sd, so only the likelihood's group gradients h_g = (N/m)·Σ_{i∈S_g} ∇ log f(x_i|θ)
+        are evaluated (``likelihood``, as from :meth:`likelihood_fn`; with an ``anchor``,
+        h_g(θ) − h_g(θ̂)), one group at a time in a ``lax.scan`` with Welford's running
+        moments: never the prior over all d in every group, nor a (k, d) matrix.
+        ``to_working`` maps rows of gradients into the working frame (as there).
+        """
+        (plate,) = self.plates
+        idx = indices[plate.name]
+        n, k = idx.shape[0], int(groups)
+        if k < 2 or n % k:
+            raise ValueError(f"noise groups k={k} must be ≥ 2 and divide the batch size n={n}.")
+        grad = jax.grad(likelihood)
+
+        def group_gradient(i):
+            h = grad(flat, {plate.name: i})
+            if anchor is not None:
+                h = h - grad(anchor.point, {plate.name: i})
+            return h if to_working is None else to_working(h[None])[0]
+
+        def body(carry, i):
+            count, mean, m2 = carry
+            h = group_gradient(i)
+            count = count + 1.0
+            delta = h - mean
+            mean = mean + delta / count
+            return (count, mean, m2 + delta * (h - mean)), None
+
+        zeros = jnp.zeros_like(flat)
+        (_, _, m2), _ = jax.lax.scan(body, (jnp.zeros((), flat.dtype), zeros, zeros),
+                                     idx.reshape(k, n // k))
+        return jnp.sqrt(m2 / (k - 1) / k * self.fraction_unsampled)
+
     def value_grad_noise(self, log_density, params, indices, anchor: Anchor | None = None,
                          to_working: Callable | None = None, groups: int | None = None):
         """Log density, ĝ and the gradient-noise sd τ̂ from per-datum (or per-group) gradients.
@@ -237,7 +296,7 @@ class Minibatcher:
 
     def estimate(self, flat_log_density, flat, indices, *, anchor: Anchor | None = None,
                  noise: bool = False, to_working: Callable | None = None,
-                 groups: int | None = None) -> GradientEstimate:
+                 groups: int | None = None, likelihood: Callable | None = None) -> GradientEstimate:
         """The stochastic gradient at the flat point ``flat`` on the mini-batch ``indices``.
 
         ``flat_log_density(x, indices)`` takes a flat unconstrained vector.  Plain (``anchor``
@@ -245,11 +304,17 @@ class Minibatcher:
         control-variate ĝ_cv = ∇ log π(θ̂) + ĝ(θ) − ĝ(θ̂) on the same indices (both points in
         one vectorised evaluation).  ``noise=True`` adds τ̂ from per-datum gradients (see
         :meth:`value_grad_noise`, with ``groups`` groups; default :func:`noise_groups`);
-        otherwise ``noise_sd`` is NaN.
+        otherwise ``noise_sd`` is NaN.  Given the flat ``likelihood`` (:meth:`likelihood_fn`),
+        group estimates (k < n) come from :meth:`group_noise_sd` beside the plain ĝ: the same
+        τ̂ without evaluating the prior in every group.
         """
         if noise:
             (plate,) = self.plates
             k = noise_groups(plate.subsample_size, flat.shape[0], groups)
+            if likelihood is not None and k < plate.subsample_size:
+                value, grad, _ = self.estimate(flat_log_density, flat, indices, anchor=anchor)
+                tau = self.group_noise_sd(likelihood, flat, indices, k, anchor, to_working)
+                return GradientEstimate(value, grad, tau)
             value, grad, tau = self.value_grad_noise(
                 flat_log_density, flat, indices, anchor=anchor, to_working=to_working, groups=k
             )

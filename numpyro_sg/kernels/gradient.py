@@ -329,14 +329,19 @@ class GradientKernel(SGKernel):
     def _estimate(self, flat, indices, anchor, precond, model_args, model_kwargs):
         """Gradient estimate (value, ĝ, τ̂ in the working frame) at ``flat`` on ``indices``."""
         log_density = self._mb.log_density_fn(model_args, model_kwargs)
+        likelihood = self._mb.likelihood_fn(model_args, model_kwargs)
         unravel = self._unravel
 
         def flat_log_density(x, idx):
             return log_density(unravel(x), idx)
 
+        def flat_likelihood(x, idx):
+            return likelihood(unravel(x), idx)
+
         return self._mb.estimate(
             flat_log_density, flat, indices, anchor=anchor, noise=self.estimate_noise,
             to_working=lambda G: rows_to_working(precond, G), groups=self.noise_groups,
+            likelihood=flat_likelihood,
         )
 
     def step(self, state, model_args, model_kwargs):
