@@ -59,6 +59,7 @@ __all__ = [
     "ppmf_model",
     "bpmf_predict",
     "rmse_trace",
+    "observed_ratings",
 ]
 
 
@@ -178,8 +179,9 @@ def simulate_ratings(num_users: int = 2000, num_items: int = 3000, rank: int = 1
                          user_factors=U, item_factors=V)
 
 
-def _observed(users, items, ratings, subsample_size):
-    """The mini-batch of (user, item, rating) in the subsample plate ``ratings``."""
+def observed_ratings(users, items, ratings, subsample_size):
+    """``(plate, u, i, r)``: the subsample plate ``ratings`` over the N observed triples and
+    the mini-batch of (user, item, rating) drawn in it (``r`` is ``None`` without ratings)."""
     N = users.shape[0]
     plate = numpyro.plate("ratings", N, subsample_size=min(subsample_size, N))
     with plate:
@@ -204,7 +206,7 @@ def bpmf_model(users, items, ratings=None, *, num_users: int, num_items: int, ra
     mu_v = numpyro.sample("mu_v", dist.Normal(mu0, sd_v).to_event(1))
     U = numpyro.sample("U", dist.Normal(mu_u, sd_u).expand([num_users, rank]).to_event(2))
     V = numpyro.sample("V", dist.Normal(mu_v, sd_v).expand([num_items, rank]).to_event(2))
-    plate, u, i, r = _observed(users, items, ratings, subsample_size)
+    plate, u, i, r = observed_ratings(users, items, ratings, subsample_size)
     with plate:
         mean = offset + jnp.sum(U[u] * V[i], axis=-1)
         numpyro.sample("r", dist.Normal(mean, 1.0 / jnp.sqrt(noise_precision)), obs=r)
@@ -225,7 +227,7 @@ def ppmf_model(users, items, ratings=None, *, num_users: int, num_items: int, ra
     nu = numpyro.sample("nu", dist.Gamma(c_prime, c_prime / d_prime).expand([num_items]).to_event(1))
     theta = numpyro.sample("theta", dist.Gamma(a, eps[:, None]).expand([num_users, rank]).to_event(2))
     beta = numpyro.sample("beta", dist.Gamma(c, nu[:, None]).expand([num_items, rank]).to_event(2))
-    plate, u, i, r = _observed(users, items, ratings, subsample_size)
+    plate, u, i, r = observed_ratings(users, items, ratings, subsample_size)
     with plate:
         rate = jnp.sum(theta[u] * beta[i], axis=-1)
         numpyro.sample("r", dist.Poisson(rate), obs=r)

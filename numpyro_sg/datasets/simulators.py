@@ -2,7 +2,8 @@
 
 The matrix-factorisation models, ratings simulator and loaders (the BPMF experiments of Mauri &
 Zanella (2024), 'Robust approximate sampling via stochastic gradient Barker dynamics') live in
-:mod:`numpyro_sg.datasets.ratings` and are re-exported here.
+:mod:`numpyro_sg.datasets.ratings` (hierarchical BPMF and the oracle RMSE in
+:mod:`numpyro_sg.datasets.bpmf`) and are re-exported here.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from numpyro_sg.datasets.ratings import (
     simulate_ratings,
     split_ratings,
 )
+from numpyro_sg.datasets.bpmf import hierarchical_bpmf_model, known_factors_rmse, oracle_rmse
 
 __all__ = [
     "simulate_logistic_regression",
@@ -45,6 +47,9 @@ __all__ = [
     "ppmf_model",
     "bpmf_predict",
     "rmse_trace",
+    "hierarchical_bpmf_model",
+    "oracle_rmse",
+    "known_factors_rmse",
 ]
 
 

@@ -1,17 +1,18 @@
 """NumPyro handlers that choose which data a model sees: chosen indices in its subsample plates
-(:class:`with_indices`, :func:`full_data`), the prior alone (:class:`without_plate_sites`) or some
-rows masked out (:class:`mask_plate_rows`)."""
+(:class:`with_indices`, :func:`full_data`), the prior alone (:class:`without_plate_sites`), the
+likelihood alone (:class:`likelihood_only`) or some rows masked out (:class:`mask_plate_rows`)."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 import jax.numpy as jnp
+import numpyro.distributions as dist
 from numpyro.primitives import Messenger
 
 from numpyro_sg.infer.model_info import plates_of
 
-__all__ = ["with_indices", "without_plate_sites", "mask_plate_rows", "full_data"]
+__all__ = ["with_indices", "without_plate_sites", "likelihood_only", "mask_plate_rows", "full_data"]
 
 
 class with_indices(Messenger):
@@ -49,6 +50,28 @@ class without_plate_sites(Messenger):
     def process_message(self, msg):
         if msg["type"] == "sample" and self.plate_names.intersection(plates_of(msg)):
             msg["scale"] = 0.0
+
+
+class likelihood_only(Messenger):
+    """Handler scoring only the sites inside the named plates (the likelihood).
+
+    Every latent sample site outside them keeps its value and support (so the constraining
+    transforms, and the log-Jacobian factors NumPyro adds for them, are unchanged) but scores 0:
+    its log density is neither computed nor differentiated.  Observed sites and factors are
+    kept.  The gradient of such a density differs from the full one by the gradient of the
+    prior alone, a term the same for every mini-batch (the gradient-noise estimate of
+    :meth:`~numpyro_sg.infer.minibatch.Minibatcher.value_grad_noise` relies on this).
+    """
+
+    def __init__(self, fn=None, plate_names=()):
+        self.plate_names = set(plate_names)
+        super().__init__(fn)
+
+    def process_message(self, msg):
+        if (msg["type"] == "sample" and not msg["is_observed"]
+                and not self.plate_names.intersection(plates_of(msg))):
+            fn = msg["fn"]
+            msg["fn"] = dist.ImproperUniform(fn.support, fn.batch_shape, fn.event_shape)
 
 
 class mask_plate_rows(Messenger):

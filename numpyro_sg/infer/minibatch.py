@@ -39,9 +39,16 @@ from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import potential_energy
 
 from numpyro_sg.infer import full_density
-from numpyro_sg.infer.handlers import full_data, mask_plate_rows, with_indices, without_plate_sites
+from numpyro_sg.infer.handlers import (
+    full_data,
+    likelihood_only,
+    mask_plate_rows,
+    with_indices,
+    without_plate_sites,
+)
 from numpyro_sg.infer.indices import BatchState, draw_with_replacement, draw_without_replacement
 from numpyro_sg.infer.jit_data import jit_with_data
+from numpyro_sg.infer.noise import MAX_GROUPS, PER_DATUM_MAX, group_noise_sd, noise_groups
 from numpyro_sg.infer.preconditioner import Preconditioner, rows_to_working
 from numpyro_sg.infer.plates import (
     SubsamplePlate,
@@ -76,41 +83,11 @@ __all__ = [
     "working_rows",
 ]
 
-#: the group-mean noise estimate uses at most this many groups (largest divisor of n up to it)
-MAX_GROUPS = 16
-#: per-datum gradients (exact small-d behaviour) while n·d is at most this (4 MB of float32)
-PER_DATUM_MAX = 1_000_000
-
-
 def working_rows(precond: Preconditioner | None) -> Callable | None:
     """Rows (n, d) of gradients → the working frame of ``precond`` (``None``: unchanged)."""
     if precond is None:
         return None
     return lambda G: rows_to_working(precond, G)
-
-
-def noise_groups(n: int, d: int, groups: int | None = None) -> int:
-    """Number k of groups the batch of n indices is split into for the gradient-noise sd τ̂.
-
-    ``groups`` forces k (it must divide n).  By default k = n (per-datum gradients, exact)
-    while n·d ≤ :data:`PER_DATUM_MAX`; above, the largest divisor of n in [4, MAX_GROUPS]
-    (memory O(k·d) instead of O(n·d)); when n has none (e.g. n prime) k = n with a warning-free
-    fall-back to per-datum gradients — choose n with a small divisor (any multiple of 4 works).
-
-    >>> noise_groups(1000, 10), noise_groups(1000, 50_000), noise_groups(800, 10**5, 10)
-    (1000, 10, 10)
-    """
-    if groups is not None:
-        groups = int(groups)
-        if groups < 2 or n % groups:
-            raise ValueError(f"noise groups must be ≥ 2 and divide the batch size n={n}; got {groups}.")
-        return groups
-    if n * d <= PER_DATUM_MAX:
-        return n
-    for k in range(min(MAX_GROUPS, n), 3, -1):
-        if n % k == 0:
-            return k
-    return n
 
 
 class Anchor(NamedTuple):
@@ -208,6 +185,28 @@ class Minibatcher:
 
         return log_density
 
+    def likelihood_fn(self, model_args=(), model_kwargs=None) -> Callable:
+        """``(params, indices) -> (N/n)·Σ_{i∈S} log f(x_i|θ)`` (+ the log-Jacobian factors):
+        :meth:`log_density_fn` without the latent sites outside the subsample plates
+        (:class:`~numpyro_sg.infer.handlers.likelihood_only`), so its cost is that of the
+        mini-batch alone, not O(d)."""
+        model_kwargs = model_kwargs or {}
+        names = tuple(p.name for p in self.plates)
+
+        def likelihood(params, indices):
+            model = likelihood_only(with_indices(self.model, indices), names)
+            return -potential_energy(model, model_args, model_kwargs, params)
+
+        return likelihood
+
+    def group_noise_sd(self, likelihood, flat, indices, groups: int, anchor: Anchor | None = None,
+                       to_working: Callable | None = None):
+        """τ̂ from k = ``groups`` group estimators of the one plate's batch:
+        :func:`~numpyro_sg.infer.noise.group_noise_sd` (memory O(d), time O(n + k·d))."""
+        (plate,) = self.plates
+        return group_noise_sd(likelihood, flat, indices[plate.name], groups, anchor, to_working,
+                              name=plate.name, fraction_unsampled=self.fraction_unsampled)
+
     def value_grad_noise(self, log_density, params, indices, anchor: Anchor | None = None,
                          to_working: Callable | None = None, groups: int | None = None):
         """Log density, ĝ and the gradient-noise sd τ̂ from per-datum (or per-group) gradients.
@@ -257,7 +256,7 @@ class Minibatcher:
 
     def estimate(self, flat_log_density, flat, indices, *, anchor: Anchor | None = None,
                  noise: bool = False, to_working: Callable | None = None,
-                 groups: int | None = None) -> GradientEstimate:
+                 groups: int | None = None, likelihood: Callable | None = None) -> GradientEstimate:
         """The stochastic gradient at the flat point ``flat`` on the mini-batch ``indices``.
 
         ``flat_log_density(x, indices)`` takes a flat unconstrained vector.  Plain (``anchor``
@@ -265,11 +264,17 @@ class Minibatcher:
         control-variate ĝ_cv = ∇ log π(θ̂) + ĝ(θ) − ĝ(θ̂) on the same indices (both points in
         one vectorised evaluation).  ``noise=True`` adds τ̂ from per-datum gradients (see
         :meth:`value_grad_noise`, with ``groups`` groups; default :func:`noise_groups`);
-        otherwise ``noise_sd`` is NaN.
+        otherwise ``noise_sd`` is NaN.  Given the flat ``likelihood`` (:meth:`likelihood_fn`),
+        group estimates (k < n) come from :meth:`group_noise_sd` beside the plain ĝ: the same
+        τ̂ without evaluating the prior in every group.
         """
         if noise:
             (plate,) = self.plates
             k = noise_groups(plate.subsample_size, flat.shape[0], groups)
+            if likelihood is not None and k < plate.subsample_size:
+                value, grad, _ = self.estimate(flat_log_density, flat, indices, anchor=anchor)
+                tau = self.group_noise_sd(likelihood, flat, indices, k, anchor, to_working)
+                return GradientEstimate(value, grad, tau)
             value, grad, tau = self.value_grad_noise(
                 flat_log_density, flat, indices, anchor=anchor, to_working=to_working, groups=k
             )
@@ -289,12 +294,17 @@ class Minibatcher:
         flat → params) on ``indices``, for these data, τ̂ in the working frame of ``precond``:
         the kernels' one gradient estimate."""
         log_density = self.log_density_fn(model_args, model_kwargs)
+        likelihood = self.likelihood_fn(model_args, model_kwargs)
 
         def flat_log_density(x, idx):
             return log_density(unravel(x), idx)
 
+        def flat_likelihood(x, idx):
+            return likelihood(unravel(x), idx)
+
         return self.estimate(flat_log_density, flat, indices, anchor=anchor, noise=noise,
-                             to_working=working_rows(precond), groups=groups)
+                             to_working=working_rows(precond), groups=groups,
+                             likelihood=flat_likelihood)
 
     def score_estimator(self, unravel, anchor: Anchor | None, batch_size: int, model_args=(),
                         model_kwargs=None) -> Callable:
