@@ -47,7 +47,7 @@ def tree_signature(tree) -> tuple:
     (((2, 3), 'float32'),)
     """
     leaves, treedef = jax.tree.flatten(tree)
-    return treedef, tuple((tuple(np.shape(x)), str(getattr(x, "dtype", np.result_type(x))))
+    return treedef, tuple((tuple(np.shape(x)), str(x.dtype if hasattr(x, "dtype") else np.result_type(x)))
                           for x in leaves)
 
 

@@ -3,10 +3,14 @@
 :class:`SGKernel` is the thin NumPyro shell around a kernel's pure step: the ``MCMCKernel``
 contract (``init``, ``sample``, ``postprocess_fn``, fields, diagnostics string), vectorised
 chains (``sample`` ``vmap``-s the pure :meth:`SGKernel.step` over chains), the divergence
-warning, and the shared options (``subsample_size``, ``replace``, ``init_strategy``,
+report, and the shared options (``subsample_size``, ``replace``, ``init_strategy``,
 ``check_data``).  Every kernel flags a blown-up chain through
-:func:`numpyro_sg.kernels.guard.guarded_update`; the shell warns once per newly diverged chain
-(:class:`DivergenceWarning`) naming the iteration.
+:func:`numpyro_sg.kernels.guard.guarded_update` (``diverging``, collected by NumPyro by
+default, and the iteration in ``guard.diverged_at``); the compiled step holds no host callback
+(which would keep NumPyro's loop out of JAX's persistent compilation cache), so the
+:class:`DivergenceWarning` naming the chains and iterations (:meth:`SGKernel.divergence_message`)
+comes after the run, from :func:`numpyro_sg.check_convergence`,
+:func:`numpyro_sg.to_inference_data` and :func:`numpyro_sg.posterior_summary`.
 
 The gradient-based kernels share one more layer, :class:`~numpyro_sg.kernels.gradient.GradientKernel`
 (warmup, preconditioner, gradient estimate, guard).  Convergence is checked at the points the
@@ -137,6 +141,10 @@ class PerDataCache:
         """Keep ``value`` for any data (until :meth:`get` sees data after a miss)."""
         self._leaves, self.value = None, value
 
+    def clear(self):
+        """Forget the value (the next :meth:`get` computes it)."""
+        self._leaves, self.value = None, None
+
 
 class _WeakLeaf(weakref.ref):
     """A weak reference to an array leaf of the data (see :class:`PerDataCache`)."""
@@ -243,12 +251,6 @@ class SGKernel(MCMCKernel):
             new = self.step(state, model_args, model_kwargs)
         else:  # chain_method="vectorized": the kernel vmaps itself
             new = jax.vmap(self.step, in_axes=(0, None, None))(state, model_args, model_kwargs)
-        newly = jnp.logical_and(new.diverging, jnp.logical_not(state.diverging))
-        jax.lax.cond(
-            jnp.any(newly),
-            lambda: jax.debug.callback(self._warn_divergence, state.i, newly),
-            lambda: None,
-        )
         return new
 
     #: instance attributes that are no setting of the compiled programs (caches, ``init``'s products)
@@ -277,6 +279,20 @@ class SGKernel(MCMCKernel):
                 "MCMC(..., jit_model_args=True) to give them to the loop as arguments.",
                 EmbeddedDataWarning, stacklevel=3,
             )
+
+    def reset_warmup(self):
+        """Forget what this kernel keeps from its last ``init`` on the same data — the warmup's
+        mode search (mode, Laplace preconditioner, control-variate anchor; for SparseAsync the
+        model's structure) — so that the next ``MCMC.run`` computes them afresh.
+
+        A kernel run again on the same data arrays (the same objects: a second ``MCMC.run``,
+        the next chain of ``chain_method="sequential"``) with the same settings reuses them,
+        and new data recompute them; call this after changing the data's values in place, or
+        to drop a fit passed with ``use_mode_fit``/``warmup_options``.
+        """
+        for value in vars(self).values():
+            if isinstance(value, PerDataCache):
+                value.clear()
 
     def step(self, state, model_args, model_kwargs):  # pragma: no cover - abstract
         """One iteration of one chain: a pure function of the state and the data."""
@@ -348,20 +364,35 @@ class SGKernel(MCMCKernel):
         """
         return []
 
-    def _warn_divergence(self, iteration, newly):
-        k = int(jnp.max(iteration)) + 1  # 1-based iteration number, warmup included
+    def diverged_at(self, state) -> dict:
+        """``{chain: iteration}`` of the chains a run's final ``state`` (e.g. ``mcmc.last_state``)
+        flags ``diverging``: the 1-based iteration (warmup included) at which each blew up, or
+        ``None`` where the state does not record it.  Chains are positions along the leading axis
+        of a batched state (``chain_method="vectorized"`` or several chains), else ``0``."""
+        flags = np.asarray(getattr(state, "diverging", False), bool)
+        guard = getattr(state, "guard", None)
+        at = np.asarray(getattr(guard, "diverged_at", np.full(flags.shape, -1)), np.int64)
+        flags, at = flags.reshape(-1), np.broadcast_to(at, flags.shape).reshape(-1)
+        return {int(c): (int(at[c]) if at[c] > 0 else None) for c in np.nonzero(flags)[0]}
+
+    def describe_iteration(self, k) -> str:
+        """A 1-based iteration ``k`` (warmup included) in words: warmup or sampling draw index."""
+        if k is None:
+            return "an unrecorded iteration"
         if k <= self._num_warmup:
-            where = f"warmup iteration {k} of {self._num_warmup}"
-        else:
-            where = f"iteration {k}, i.e. sampling draw index {k - self._num_warmup - 1}"
-        chains = ""
-        if jnp.ndim(newly) > 0:
-            chains = f" in vectorized chain(s) {[int(c) for c in jnp.nonzero(newly)[0]]}"
-        warnings.warn(
-            f"{type(self).__name__}: the chain diverged at {where}{chains}: the parameters, the "
-            "log density or the stochastic gradient became non-finite or exploded. The chain "
-            "is frozen at its last state before the blow-up and its 'diverging' field is True "
-            "from there on; reduce step_size.",
-            DivergenceWarning,
-            stacklevel=2,
+            return f"warmup iteration {k} of {self._num_warmup}"
+        return f"iteration {k}, i.e. sampling draw index {k - self._num_warmup - 1}"
+
+    def divergence_message(self, state) -> str | None:
+        """The :class:`DivergenceWarning` text for a run's final ``state`` naming each diverged
+        chain and the iteration of its blow-up; ``None`` when no chain diverged."""
+        where = self.diverged_at(state)
+        if not where:
+            return None
+        chains = "; ".join(f"chain {c} at {self.describe_iteration(k)}" for c, k in where.items())
+        return (
+            f"{type(self).__name__}: the chain diverged ({chains}): the parameters, the log "
+            "density or the stochastic gradient became non-finite or exploded. The chain is "
+            "frozen at its last state before the blow-up and its 'diverging' field is True from "
+            "there on; reduce step_size."
         )
