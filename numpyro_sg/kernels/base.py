@@ -36,6 +36,7 @@ from numpyro.util import is_prng_key
 from numpyro_sg.diagnostics.convergence import DivergenceWarning
 from numpyro_sg.infer.jit_data import is_data
 from numpyro_sg.infer.minibatch import Minibatcher, full_data, with_indices
+from numpyro_sg.kernels.guard import diverged_iterations
 
 __all__ = ["SGKernel", "DivergenceWarning", "split_init_key", "all_finite", "check_choice",
            "check_positive", "PerDataCache", "program_settings", "EMBEDDED_DATA_WARN_BYTES",
@@ -365,15 +366,9 @@ class SGKernel(MCMCKernel):
         return []
 
     def diverged_at(self, state) -> dict:
-        """``{chain: iteration}`` of the chains a run's final ``state`` (e.g. ``mcmc.last_state``)
-        flags ``diverging``: the 1-based iteration (warmup included) at which each blew up, or
-        ``None`` where the state does not record it.  Chains are positions along the leading axis
-        of a batched state (``chain_method="vectorized"`` or several chains), else ``0``."""
-        flags = np.asarray(getattr(state, "diverging", False), bool)
-        guard = getattr(state, "guard", None)
-        at = np.asarray(getattr(guard, "diverged_at", np.full(flags.shape, -1)), np.int64)
-        flags, at = flags.reshape(-1), np.broadcast_to(at, flags.shape).reshape(-1)
-        return {int(c): (int(at[c]) if at[c] > 0 else None) for c in np.nonzero(flags)[0]}
+        """``{chain: iteration}`` of the diverged chains of a run's final ``state`` (e.g.
+        ``mcmc.last_state``): :func:`~numpyro_sg.kernels.guard.diverged_iterations`."""
+        return diverged_iterations(state)
 
     def describe_iteration(self, k) -> str:
         """A 1-based iteration ``k`` (warmup included) in words: warmup or sampling draw index."""

@@ -22,11 +22,12 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from numpyro_sg.kernels.moves import ema
 
 __all__ = ["DivergenceGuard", "init_guard", "guard_step", "freeze", "GuardedPoint", "guarded_update",
-           "rms", "BLOWUP_FACTOR", "SAFE_FACTOR", "GUARD_BURN_IN"]
+           "rms", "diverged_iterations", "BLOWUP_FACTOR", "SAFE_FACTOR", "GUARD_BURN_IN"]
 
 
 # -------------------------------------------------------------------------------------------
@@ -129,3 +130,15 @@ def guarded_update(guard: DivergenceGuard, diverging, flat, new_flat, grad_norm,
 def rms(x):
     """Root mean square √(mean x²) of an array: the gradient norm the guard compares."""
     return jnp.sqrt(jnp.mean(jnp.square(x)))
+
+
+def diverged_iterations(state) -> dict:
+    """``{chain: iteration}`` of the chains a run's final ``state`` flags ``diverging``: the
+    1-based iteration (warmup included) at which each blew up (``guard.diverged_at``), or
+    ``None`` where the state does not record it.  Chains are positions along the leading axis
+    of a batched state (``chain_method="vectorized"`` or several chains), else ``0``."""
+    flags = np.asarray(getattr(state, "diverging", False), bool)
+    guard = getattr(state, "guard", None)
+    at = np.asarray(getattr(guard, "diverged_at", np.full(flags.shape, -1)), np.int64)
+    flags, at = flags.reshape(-1), np.broadcast_to(at, flags.shape).reshape(-1)
+    return {int(c): (int(at[c]) if at[c] > 0 else None) for c in np.nonzero(flags)[0]}
