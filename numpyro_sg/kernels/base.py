@@ -158,12 +158,12 @@ def _weakable(x) -> bool:
 def program_settings(obj, skip=()) -> tuple | None:
     """The hashable description of an object's settings (its instance attributes but ``skip``)
     for the key of a compiled program (:func:`~numpyro_sg.infer.programs.cached_program`):
-    small arrays by value, functions by identity; ``None`` when some attribute has no such
-    description (no caching then)."""
+    small arrays by value, functions by identity (but an instance attribute shadowing a method
+    is skipped); ``None`` when some attribute has no such description (no caching then)."""
     out = []
     for name, value in sorted(vars(obj).items()):
-        if name in skip:
-            continue
+        if name in skip or (callable(value) and hasattr(type(obj), name)):
+            continue  # (an instance's override of a method, e.g. a timing wrapper, is no setting)
         if isinstance(value, np.ndarray) and value.size <= 4096:
             value = ("array", value.shape, value.dtype.str, value.tobytes())
         try:
