@@ -162,7 +162,7 @@ def program_settings(obj, skip=()) -> tuple | None:
     is skipped); ``None`` when some attribute has no such description (no caching then)."""
     out = []
     for name, value in sorted(vars(obj).items()):
-        if name in skip or (callable(value) and hasattr(type(obj), name)):
+        if name in skip or (callable(value) and callable(getattr(type(obj), name, None))):
             continue  # (an instance's override of a method, e.g. a timing wrapper, is no setting)
         if isinstance(value, np.ndarray) and value.size <= 4096:
             value = ("array", value.shape, value.dtype.str, value.tobytes())
