@@ -15,7 +15,9 @@ initialisation, compilation and — for our kernels — the warmup's mode search
   ``num_blocks=10``, the same iterations as NUTS;
 * ``nsg.SGLD(model)`` and ``nsg.SGBD(model)`` (or the kernels named by ``--kernels``, e.g.
   ``SGLD,SGBD,PSGLD,BAOAB``) with their defaults: 4 vectorised chains, 1,000 warmup + 2,000
-  draws.
+  draws; ``--repeats K`` runs each K times (``SGLD#2``, …), every repeat a first run (a new
+  kernel, the package's and JAX's in-process caches cleared, its own key), so that their
+  range is measured against the same NUTS run in one process.
 
 An untimed warm-up (every method briefly on N = 2,000) runs first, so that JAX's process-wide
 one-off costs are not charged to the method timed first.  HMCECS's Taylor proxy stores a
@@ -53,6 +55,7 @@ from numpyro.infer import HMCECS, MCMC, NUTS
 
 import numpyro_sg as nsg
 from numpyro_sg.infer.minibatch import discover_plates, full_data
+from numpyro_sg.infer.programs import clear_programs
 
 SUBSAMPLE = 1000
 
@@ -122,13 +125,13 @@ MODELS = {"logistic": logistic, "poisson": poisson, "linear_sigma": linear_sigma
 REAL_VALUED = ("logistic", "poisson")
 
 
-def _timed_run(kernel, X, y, *, num_warmup, num_samples, num_chains, chain_method, jit_model_args):
+def _timed_run(kernel, X, y, *, num_warmup, num_samples, num_chains, chain_method, jit_model_args, seed=1):
     mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
                 chain_method=chain_method, progress_bar=False, jit_model_args=jit_model_args)
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the convergence check's verdict is reported below
-        mcmc.run(jax.random.PRNGKey(1), X, y)
+        mcmc.run(jax.random.PRNGKey(seed), X, y)
         jax.block_until_ready(mcmc.get_samples())
     return mcmc, time.perf_counter() - start
 
@@ -171,10 +174,17 @@ def run_problem(kind, N, args):
                          num_chains=1, chain_method="sequential", **common)
     ref = _summary(mcmc.get_samples(group_by_chain=True), t)
     results["NUTS"] = ref
-    for name in args.kernels.split(","):
+    for name, rep in ((n, r) for n in args.kernels.split(",") for r in range(args.repeats)):
+        if rep:  # every repeat is a first run: a new kernel, nothing compiled in the process
+            clear_programs()
+            jax.clear_caches()
+            name_rep = f"{name}#{rep + 1}"
+        else:
+            name_rep = name
         kernel = getattr(nsg, name)(model)
         mcmc, t = _timed_run(kernel, X, y, num_warmup=args.warmup, num_samples=args.samples,
-                             num_chains=4, chain_method="vectorized", **common)
+                             num_chains=4, chain_method="vectorized", seed=1 + rep, **common)
+        name = name_rep
         results[name] = _summary(mcmc.get_samples(group_by_chain=True), t, ref)
         fit = kernel.mode_fit
         results[name]["mode_search_s"] = fit.seconds
@@ -209,6 +219,9 @@ def main(argv=None):
     parser.add_argument("--no-hmcecs", action="store_true")
     parser.add_argument("--kernels", default="SGLD,SGBD",
                         help="comma-separated numpyro_sg kernels run with their defaults")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of each of our kernels (each a first run: a new kernel and "
+                             "JAX's caches cleared, its own key), against the one NUTS run")
     parser.add_argument("--quick", action="store_true", help="N = 2e4 and short runs")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)

@@ -1,5 +1,7 @@
 """numpyro_sg: stochastic-gradient MCMC kernels for NumPyro, with ArviZ output and KSD."""
 
+import os as _os
+
 from numpyro_sg.kernels import ESGLD, SGBD, SGLD, DivergenceWarning, SparseAsync, polynomial_schedule
 from numpyro_sg.kernels import BAOAB, PSGLD, CyclicalSGLD
 from numpyro_sg.kernels import SGHMC, SGNHT
@@ -15,6 +17,7 @@ from numpyro_sg.results.selection import selection_summary
 from numpyro_sg.tuning import grid_search, heuristic_step_size, mamba
 from numpyro_sg.version import __version__  # noqa: F401
 from numpyro_sg.infer.warmup import ModeFit, WarmupOptions
+from numpyro_sg.infer.programs import CACHE_ENV as _CACHE_ENV, enable_compilation_cache
 
 __all__ = [
     "SGLD",
@@ -45,4 +48,7 @@ __all__ = [
     "heuristic_step_size",
     "selection_summary",
 ]
-__all__ += ["PSGLD", "BAOAB", "CyclicalSGLD"]
+__all__ += ["PSGLD", "BAOAB", "CyclicalSGLD", "enable_compilation_cache"]
+
+if _os.environ.get(_CACHE_ENV):  # the persistent compilation cache, by environment variable
+    enable_compilation_cache(_os.environ[_CACHE_ENV])

@@ -504,10 +504,13 @@ def test_a_too_large_step_is_flagged_and_frozen(small_data):
     kernel = ESGLD(lin_model, 1.0, max_model_size=4, **PAPER_ALGORITHM)
     mcmc = MCMC(kernel, num_warmup=0, num_samples=60, num_chains=2, chain_method="vectorized",
                 progress_bar=False)
-    with pytest.warns(nsg.DivergenceWarning):
-        mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("diverging",))
+    mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("diverging",))
     diverging = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["diverging"])
     assert diverging[:, -1].all() and diverging[:, 0].sum() == 0
+    first = {c: int(np.argmax(diverging[c])) + 1 for c in range(2)}
+    assert kernel.diverged_at(mcmc.last_state) == first  # the iterations the guard recorded
+    with pytest.warns(nsg.DivergenceWarning, match=f"chain 0 at iteration {first[0]},.*chain 1 at iteration {first[1]},"):
+        nsg.check_convergence(mcmc)
     samples = mcmc.get_samples(group_by_chain=True)
     assert np.isfinite(samples["theta"]).all()
     for chain in range(2):

@@ -120,12 +120,18 @@ def test_divergence_is_detected_and_reported(linear_data):
     # ε = 0.1 on a Gaussian posterior with variance 1e-3: |1 − ε·N/2| ≫ 1, the chain explodes
     mcmc = MCMC(nsg.SGLD(linear_model, 0.1, **CLASSIC), num_warmup=0, num_samples=100,
                 progress_bar=False)
-    with pytest.warns(nsg.DivergenceWarning, match=r"diverged at iteration \d+, i.e. sampling draw index \d+"):
+    with warnings.catch_warnings():  # nothing is reported from inside the compiled loop
+        warnings.simplefilter("error", nsg.DivergenceWarning)
         mcmc.run(jax.random.PRNGKey(0), *linear_data)
-        jax.effects_barrier()
-    div = np.asarray(mcmc.get_extra_fields()["diverging"])
+    div = np.asarray(mcmc.get_extra_fields()["diverging"])  # collected by default
     draws = np.asarray(mcmc.get_samples()["theta"])
     assert div.any() and np.all(div[np.argmax(div):])  # sticky from the first divergence
+    # the guard records the iteration (1-based; no warmup: draw index + 1) and the post-run
+    # check names it
+    assert mcmc.sampler.diverged_at(mcmc.last_state) == {0: int(np.argmax(div)) + 1}
+    with pytest.warns(nsg.DivergenceWarning,
+                      match=rf"chain 0 at iteration {np.argmax(div) + 1}, i.e. sampling draw index {np.argmax(div)}\)"):
+        nsg.check_convergence(mcmc)
     assert np.all(np.isfinite(draws))  # never garbage: frozen at the last state before the blow-up
     assert np.abs(draws[np.argmax(div):]).max() < 1e3  # (the posterior sd is 0.03), not 1e15
     first = np.argmax(div)
@@ -136,8 +142,9 @@ def test_no_divergence_warning_for_a_sane_run(logistic_data):
     with warnings.catch_warnings():
         warnings.simplefilter("error", nsg.DivergenceWarning)
         mcmc = _samples(KERNELS["sgld"](), logistic_data, chain_method="vectorized")
-        jax.effects_barrier()
+        nsg.check_convergence(mcmc)
     assert not mcmc.get_extra_fields()["diverging"].any()
+    assert mcmc.sampler.diverged_at(mcmc.last_state) == {}
 
 
 def test_constrained_sites_and_deterministic(linear_data):

@@ -489,12 +489,21 @@ def test_bad_inputs(tiny):
              init_params={"theta": jnp.ones(8), "delta": jnp.ones(8, jnp.int32)})
 
 
-def test_max_active_overflow_is_an_error(tiny):
+def test_max_active_overflow_freezes_the_chain_and_is_reported(tiny):
+    """A model size past max_active (the fast path's static active list) freezes the chain as a
+    blow-up (``overflow`` and ``diverging`` set, finite draws) and the post-run check names the
+    iteration and the fix."""
     X, y = tiny
     big = (X @ np.ones(8)).astype(np.float32) * 3  # every variable wants in
     kernel = nsg.SparseAsync(tiny_model, variant="async", update_size=8, max_active=3)
-    with pytest.raises(Exception, match="max_active = 3"):
-        MCMC(kernel, num_warmup=20, num_samples=5, progress_bar=False).run(jax.random.PRNGKey(0), X, big)
+    mcmc = MCMC(kernel, num_warmup=20, num_samples=5, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), X, big)
+    assert bool(mcmc.last_state.overflow) and bool(mcmc.last_state.diverging)
+    assert np.asarray(mcmc.get_samples()["delta"]).sum(-1).max() <= 3
+    at = kernel.diverged_at(mcmc.last_state)[0]
+    assert 1 <= at <= 25
+    with pytest.warns(nsg.DivergenceWarning, match=rf"chain 0 at (warmup )?iteration {at}\b.*max_active = 3"):
+        nsg.check_convergence(mcmc)
 
 
 def test_step_size_is_the_second_argument_and_inapplicable_options_raise(tiny):
@@ -590,7 +599,7 @@ def test_mamba_tunes_the_sgld_step_size_over_vectorised_arms(tiny):
 @pytest.mark.parametrize("path", ["auto", "generic"])
 def test_too_large_step_size_diverges_and_the_chain_is_frozen(tiny, path):
     """SA-SGLD with ε = 1, past this posterior's stability limit (about 4/31 ≈ 0.13), blows up
-    geometrically: the shared guard flags it once (one DivergenceWarning, ``diverging`` True
+    geometrically: the shared guard flags it once (``diverging`` True
     from then on) and freezes the chain at its last safe point (an earlier draw), so the draws
     stay bounded and constant from the blow-up on.  Checked to fail with the guard's norm test
     bypassed (only non-finite values caught, as before the guard): no warning, and the chain
@@ -600,11 +609,13 @@ def test_too_large_step_size_diverges_and_the_chain_is_frozen(tiny, path):
     kernel = nsg.SparseAsync(tiny_model, 1.0, variant="sgld", update_size=4, subsample_size=10,
                              fast_path=path)
     mcmc = MCMC(kernel, num_warmup=0, num_samples=150, progress_bar=False)
-    with pytest.warns(nsg.DivergenceWarning) as record:
-        mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("diverging", "model_size"))
-    assert sum(issubclass(w.category, nsg.DivergenceWarning) for w in record) == 1
+    mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("diverging", "model_size"))
     div = np.asarray(mcmc.get_extra_fields()["diverging"])
     first = int(np.argmax(div))
+    with pytest.warns(nsg.DivergenceWarning) as record:  # once, after the run, naming the iteration
+        nsg.check_convergence(mcmc)
+    messages = [str(w.message) for w in record if issubclass(w.category, nsg.DivergenceWarning)]
+    assert len(messages) == 1 and f"chain 0 at iteration {first + 1}," in messages[0], messages
     assert div.any() and np.all(div[first:]) and not np.any(div[:first]) and first < 100, div
     s = {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
     assert np.all(np.isfinite(s["theta"])) and np.abs(s["beta"][first:]).max() < 10.0

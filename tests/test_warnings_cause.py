@@ -76,23 +76,37 @@ def one_diverged_chain(linear_data):
     mcmc.run(jax.random.PRNGKey(0), X, y)
     first = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
     mcmc.post_warmup_state = kernel.replace_hyperparameters(mcmc.last_state, step_size=np.array([1e-4, 1.0]))
-    with pytest.warns(nsg.DivergenceWarning, match=r"chain\(s\) \[1\]"):
-        mcmc.run(mcmc.post_warmup_state.rng_key, X, y)
+    mcmc.run(mcmc.post_warmup_state.rng_key, X, y)  # no warning from inside the loop
     return mcmc, first
+
+
+def test_a_diverged_chain_is_reported_after_the_run_with_its_iteration(one_diverged_chain):
+    """The guard records the iteration of the blow-up (counted from the kernel's init: 200
+    iterations before this run) and the post-run check names the chain and the iteration."""
+    mcmc, _ = one_diverged_chain
+    div = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["diverging"])
+    assert not div[0].any() and div[1].any()
+    at = 200 + int(np.argmax(div[1])) + 1
+    assert mcmc.sampler.diverged_at(mcmc.last_state) == {1: at}
+    with pytest.warns(nsg.DivergenceWarning, match=rf"diverged \(chain 1 at iteration {at},"):
+        nsg.check_convergence(mcmc)
 
 
 def test_to_inference_data_leaves_a_diverged_chain_out_of_the_pooled_ksd(one_diverged_chain):
     mcmc, _ = one_diverged_chain
     assert np.asarray(mcmc.last_state.diverging).tolist() == [False, True]
-    with pytest.warns(nsg.DivergenceWarning, match=r"chain\(s\) \[1\] of 2 diverged.*other 1 chain"):
+    at = mcmc.sampler.diverged_at(mcmc.last_state)[1]
+    with pytest.warns(nsg.DivergenceWarning,
+                      match=rf"chain\(s\) \[1\] of 2 diverged \(chain 1 at iteration {at},.*other 1 chain"):
         idata = nsg.to_inference_data(mcmc, check=False)
     assert idata.posterior.sizes["chain"] == 2  # the raw draws stay, to be inspected
     assert idata.sample_stats.attrs["diverged_chains"] == [1]
+    assert list(idata.sample_stats.attrs["diverged_at"]) == [at]
     ksd = idata.sample_stats["ksd"].values
     # the pooled KSD is chain 0's alone (the same scales: those of chain 0's draws)
     np.testing.assert_allclose(idata.sample_stats.attrs["ksd"], ksd[0], rtol=1e-6)
     assert np.isfinite(idata.stein["ksd_per_coordinate"].values).all()
-    with pytest.warns(nsg.DivergenceWarning, match=r"chain\(s\) \[1\].*the summary"):
+    with pytest.warns(nsg.DivergenceWarning, match=rf"chain\(s\) \[1\].*chain 1 at iteration {at} .*the summary"):
         table = nsg.posterior_summary(idata, round_to="none")
     theta = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
     assert np.abs(theta[1] - theta[0].mean(0)).max() > 10.0  # chain 1 blew up (posterior sd ≈ 0.03)

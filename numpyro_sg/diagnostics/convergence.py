@@ -15,7 +15,8 @@ and issues one :class:`ConvergenceWarning` naming the sites at fault, the worst 
 and the remedy.  Given an ``MCMC`` whose sampler is one of this package's kernels, the check
 covers the kernel's latent sites and adds the kernel's own findings
 (:meth:`~numpyro_sg.kernels.base.SGKernel.convergence_report`, e.g. draws far from the
-warmup's Laplace approximation).  :func:`numpyro_sg.to_inference_data` runs it by default, so a
+warmup's Laplace approximation) and a :class:`DivergenceWarning` naming each chain the kernel
+froze after a blow-up and its iteration.  :func:`numpyro_sg.to_inference_data` runs it by default, so a
 run converted for ArviZ is always checked; call it directly after ``MCMC.run`` otherwise.
 """
 
@@ -38,7 +39,9 @@ class ConvergenceWarning(UserWarning):
 
 class DivergenceWarning(UserWarning):
     """A chain produced a non-finite or exploding state or gradient (it is frozen from then on,
-    and left out of pooled results)."""
+    and left out of pooled results).  Issued after the run — by :func:`check_convergence`,
+    :func:`numpyro_sg.to_inference_data` and :func:`numpyro_sg.posterior_summary` — naming the
+    chains and the iterations of the blow-ups; the kernels' compiled steps issue nothing."""
 
 
 def _coordinates(values: np.ndarray) -> np.ndarray:
@@ -196,6 +199,9 @@ def check_convergence(obj, *, rhat_max: float = 1.05, ess_min: float = 100, drif
         sites = list(z) if sites is None and isinstance(z, dict) else sites
         label = f"{type(sampler).__name__} (MCMC.run)" if label == "the run" else label
         extra_problems = list(extra_problems) + sampler.convergence_report(obj.last_state)
+        message = sampler.divergence_message(obj.last_state) if warn and hasattr(sampler, "divergence_message") else None
+        if message:  # the kernels report a blow-up after the run, never from the compiled step
+            warnings.warn(message, DivergenceWarning, stacklevel=2)
     if sites is not None:
         samples = {k: v for k, v in samples.items() if k in set(sites)}
     table = convergence_table(samples)

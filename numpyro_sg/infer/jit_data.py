@@ -5,25 +5,46 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-__all__ = ["jit_with_data"]
+from numpyro_sg.infer.programs import cached_program
+
+__all__ = ["jit_with_data", "is_data"]
 
 
-def jit_with_data(fn, model_args, model_kwargs):
+def is_data(x) -> bool:
+    """True for a leaf of the model arguments passed to compiled programs as an argument: an
+    array with at least one dimension (scalars and other leaves stay static)."""
+    return isinstance(x, (np.ndarray, jax.Array)) and np.ndim(x) > 0
+
+
+def jit_with_data(fn, model_args, model_kwargs, key=None):
     """``jax.jit`` of ``fn(*args, model_args, model_kwargs)`` with the data as arguments.
 
-    Array leaves of the model arguments (the data) are passed to the compiled program as
-    arguments rather than baked into it as constants (which is slow to compile for large
-    data: XLA folds and copies every constant); other leaves stay static.  Returns ``g(*args) = fn(*args, model_args,
-    model_kwargs)``.
+    Array leaves of the model arguments (the data, :func:`is_data`) are passed to the compiled
+    program as arguments rather than baked into it as constants (which is slow to compile for
+    large data: XLA folds and copies every constant); other leaves stay static.  Returns
+    ``g(*args) = fn(*args, model_args, model_kwargs)``.
+
+    With a ``key`` (hashable; see :func:`~numpyro_sg.infer.programs.cached_program`) the
+    compiled program is shared by every call with the same key and the same static leaves:
+    ``key`` must then determine everything ``fn`` computes besides its arguments and the data
+    (``fn`` closes over no array), so that data of the same shapes reuse one compilation.
     """
     leaves, treedef = jax.tree.flatten((model_args, model_kwargs))
-    dynamic = [isinstance(x, (np.ndarray, jax.Array)) and np.ndim(x) > 0 for x in leaves]
+    dynamic = tuple(is_data(x) for x in leaves)
     arrays = [x for x, d in zip(leaves, dynamic) if d]
+    static = tuple(None if d else x for x, d in zip(leaves, dynamic))  # holds no data
 
-    @jax.jit
-    def compiled(args, arrays):
-        it = iter(arrays)
-        args_, kwargs_ = jax.tree.unflatten(treedef, [next(it) if d else x for x, d in zip(leaves, dynamic)])
-        return fn(*args, args_, kwargs_)
+    def build():
+        @jax.jit
+        def compiled(args, arrays):
+            it = iter(arrays)
+            args_, kwargs_ = jax.tree.unflatten(treedef, [next(it) if d else x for x, d in zip(static, dynamic)])
+            return fn(*args, args_, kwargs_)
 
+        return compiled
+
+    if key is None:
+        compiled = build()
+    else:
+        compiled = cached_program(("jit_with_data", key, treedef, dynamic, static), build)
     return lambda *args: compiled(args, arrays)

@@ -125,7 +125,9 @@ def explore_starts(starts, adam_many, full_value_and_grad, key, steps: int):
     :return: ``(best point (d,), log densities of the S end points (non-finite: -inf),
         their full-data gradients (S, d))``.
     """
-    ends = adam_many(starts, random.split(key, starts.shape[0]), steps)
+    # the end points on the host: rows of a NumPy array feed the same compiled program as the
+    # device rows did, without compiling an unstack and a slice per shape
+    ends = np.asarray(adam_many(starts, random.split(key, starts.shape[0]), steps))
     values, grads = [], []
     for x in ends:
         value, grad = full_value_and_grad(x)
@@ -135,5 +137,5 @@ def explore_starts(starts, adam_many, full_value_and_grad, key, steps: int):
         grads.append(grad if ok else np.full_like(grad, np.inf))
     values = np.asarray(values)
     if not np.any(np.isfinite(values)):
-        return starts[0], values, np.asarray(grads)
+        return np.asarray(starts)[0], values, np.asarray(grads)
     return ends[int(np.argmax(values))], values, np.asarray(grads)

@@ -65,6 +65,7 @@ from numpyro_sg.infer.minibatch import Anchor, Minibatcher, noise_groups
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
 from numpyro_sg.infer.multistart import break_symmetry, explore_starts, start_candidates, usual_start
 from numpyro_sg.infer.plates import subsample_plates
+from numpyro_sg.infer.programs import tree_signature
 from numpyro_sg.infer.preconditioner import Preconditioner, from_working, to_working
 from numpyro_sg.infer.sharding import auto_view
 from numpyro_sg.infer.warmup_options import ModeFit, WarmupOptions
@@ -81,12 +82,17 @@ class _WarmupPrograms:
     (:func:`~numpyro_sg.infer.jit_data.jit_with_data`); ``rows`` are the Hessian's rows."""
 
     def __init__(self, mb: Minibatcher, unravel, model_args, model_kwargs, options: WarmupOptions,
-                 rows: dict):
+                 rows: dict, signature=None):
         self.mb, self.unravel, self.options, self.rows = mb, unravel, options, rows
         self.data = (model_args, model_kwargs)
+        # what every program computes besides its arguments (the rows follow from the options)
+        self.key = ("warmup", mb.model, mb.plates, mb.replace, signature, options)
 
-    def _jit(self, fn):
-        return jit_with_data(fn, *self.data)
+    def _jit(self, fn, *name):
+        """``fn`` compiled with the data as arguments, shared by every warmup of the same
+        model, plates, parameter structure and options (``name``: the program and its static
+        settings; ``fn`` closes over no array but ``rows``)."""
+        return jit_with_data(fn, *self.data, key=self.key + name)
 
     def log_density(self, args, kwargs):
         """``(x, indices) -> log density`` of a flat point x."""
@@ -102,18 +108,20 @@ class _WarmupPrograms:
     def full_value_and_grad(self):
         """``x -> (log π(x), ∇ log π(x))`` over all the data (in chunks)."""
         chunk = self.options.chunk_size
-        return self._jit(lambda x, a, k: self.mb.full_value_and_grad_fn(self.unravel, a, k, chunk)(x))
+        return self._jit(lambda x, a, k: self.mb.full_value_and_grad_fn(self.unravel, a, k, chunk)(x),
+                         "full_value_and_grad")
 
     @cached_property
     def hessian(self):
         """``y -> H(y)`` on the Hessian's rows (dense)."""
-        return self._jit(lambda y, a, k: jax.hessian(lambda t: self.log_density(a, k)(t, self.rows))(y))
+        return self._jit(lambda y, a, k: jax.hessian(lambda t: self.log_density(a, k)(t, self.rows))(y),
+                         "hessian")
 
     @cached_property
     def hvp(self):
         """``(y, v) -> H(y)·v`` on the Hessian's rows."""
         return self._jit(lambda y, v, a, k: jax.jvp(
-            jax.grad(lambda t: self.log_density(a, k)(t, self.rows)), (y,), (v,))[1])
+            jax.grad(lambda t: self.log_density(a, k)(t, self.rows)), (y,), (v,))[1], "hvp")
 
     def dense_curvature(self, y):
         """−H(y), symmetrised, float64 (d, d)."""
@@ -130,7 +138,7 @@ class _WarmupPrograms:
         plates = [dataclasses.replace(p, subsample_size=batches[p.size]) for p in self.mb.plates]
         mb_opt = self.mb.with_plates(plates)
         adam = self._jit(lambda x, key, a, k: _adam(self.log_density(a, k), mb_opt, x, self.options,
-                                                    key, steps))
+                                                    key, steps), "adam", steps, tuple(plates))
         return adam(x, key)
 
     def adam_many(self, xs, keys, steps: int, batches: dict):
@@ -139,7 +147,8 @@ class _WarmupPrograms:
         mb_opt = self.mb.with_plates(plates)
         options = dataclasses.replace(self.options, learning_rate=self.options.start_learning_rate)
         adam = self._jit(lambda xs, keys, a, k: jax.vmap(lambda x, key: _adam(
-            self.log_density(a, k), mb_opt, x, options, key, steps))(xs, keys))
+            self.log_density(a, k), mb_opt, x, options, key, steps))(xs, keys), "adam_many", steps,
+            tuple(plates))
         return adam(xs, keys)
 
     def fisher_curvature(self, x, key):
@@ -147,8 +156,9 @@ class _WarmupPrograms:
         (one subsample plate), float64."""
         group_size = self.options.fisher_group_size
         fisher = self._jit(lambda y, a, k: self.mb.fisher_diagonal(
-            self.log_density(a, k), self.prior(a, k), y, self.rows, group_size=group_size))
-        prior_hvp = self._jit(lambda y, v, a, k: jax.jvp(jax.grad(self.prior(a, k)), (y,), (v,))[1])
+            self.log_density(a, k), self.prior(a, k), y, self.rows, group_size=group_size), "fisher")
+        prior_hvp = self._jit(lambda y, v, a, k: jax.jvp(jax.grad(self.prior(a, k)), (y,), (v,))[1],
+                              "prior_hvp")
         probes = random.rademacher(key, (self.options.hutchinson_probes,) + x.shape, x.dtype)
         prior = hutchinson_diagonal(lambda v: prior_hvp(x, v), probes)
         return np.asarray(fisher(x), np.float64) - np.asarray(prior, np.float64)
@@ -156,11 +166,11 @@ class _WarmupPrograms:
     def noise_heat(self, x, grad, scale, shrink, key) -> float:
         """:func:`~numpyro_sg.infer.curvature.noise_heat_of` the control-variate gradient noise
         (anchor x) at ``noise_points`` draws x + scale·ξ, in the frame of scale/``shrink``."""
-        noise_sd = self._jit(lambda y, key, a, k: _cv_noise_sd(self.mb, self.log_density(a, k), y, key,
-                                                               x, grad))
+        noise_sd = self._jit(lambda y, key, anchor, a, k: _cv_noise_sd(
+            self.mb, self.log_density(a, k), y, key, *anchor), "noise_sd")
         points = [x + scale * random.normal(random.fold_in(key, 10 + j), x.shape, scale.dtype)
                   for j in range(self.options.noise_points)]
-        tau = np.sqrt(np.mean([np.asarray(noise_sd(p, random.fold_in(key, 20 + j)), np.float64) ** 2
+        tau = np.sqrt(np.mean([np.asarray(noise_sd(p, random.fold_in(key, 20 + j), (x, grad)), np.float64) ** 2
                                for j, p in enumerate(points)], axis=0))
         return noise_heat_of(tau * np.asarray(scale, np.float64) / shrink)
 
@@ -272,7 +282,8 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
     options = (options or WarmupOptions()).resolved(d)
     key_opt, key_hess, key_probe = random.split(random.PRNGKey(options.seed), 3)
     rows = mb.random_rows(options.hessian_rows, key_hess)
-    programs = _WarmupPrograms(mb, unravel, model_args, model_kwargs or {}, options, rows)
+    programs = _WarmupPrograms(mb, unravel, model_args, model_kwargs or {}, options, rows,
+                               tree_signature(info.unconstrained_example()))
     dense = d <= options.dense_max
     with tqdm(total=3 + options.newton_steps, desc="warmup: mode search", leave=False,
               disable=not options.show_progress()) as bar:

@@ -3,10 +3,14 @@
 :class:`SGKernel` is the thin NumPyro shell around a kernel's pure step: the ``MCMCKernel``
 contract (``init``, ``sample``, ``postprocess_fn``, fields, diagnostics string), vectorised
 chains (``sample`` ``vmap``-s the pure :meth:`SGKernel.step` over chains), the divergence
-warning, and the shared options (``subsample_size``, ``replace``, ``init_strategy``,
+report, and the shared options (``subsample_size``, ``replace``, ``init_strategy``,
 ``check_data``).  Every kernel flags a blown-up chain through
-:func:`numpyro_sg.kernels.guard.guarded_update`; the shell warns once per newly diverged chain
-(:class:`DivergenceWarning`) naming the iteration.
+:func:`numpyro_sg.kernels.guard.guarded_update` (``diverging``, collected by NumPyro by
+default, and the iteration in ``guard.diverged_at``); the compiled step holds no host callback
+(which would keep NumPyro's loop out of JAX's persistent compilation cache), so the
+:class:`DivergenceWarning` naming the chains and iterations (:meth:`SGKernel.divergence_message`)
+comes after the run, from :func:`numpyro_sg.check_convergence`,
+:func:`numpyro_sg.to_inference_data` and :func:`numpyro_sg.posterior_summary`.
 
 The gradient-based kernels share one more layer, :class:`~numpyro_sg.kernels.gradient.GradientKernel`
 (warmup, preconditioner, gradient estimate, guard).  Convergence is checked at the points the
@@ -18,6 +22,7 @@ package owns: :func:`numpyro_sg.check_convergence` and :func:`numpyro_sg.to_infe
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Callable
 
 import jax
@@ -29,10 +34,33 @@ from numpyro.infer.util import constrain_fn
 from numpyro.util import is_prng_key
 
 from numpyro_sg.diagnostics.convergence import DivergenceWarning
+from numpyro_sg.infer.jit_data import is_data
 from numpyro_sg.infer.minibatch import Minibatcher, full_data, with_indices
+from numpyro_sg.kernels.guard import diverged_iterations
 
 __all__ = ["SGKernel", "DivergenceWarning", "split_init_key", "all_finite", "check_choice",
-           "check_positive", "PerDataCache"]
+           "check_positive", "PerDataCache", "program_settings", "EMBEDDED_DATA_WARN_BYTES",
+           "EmbeddedDataWarning", "embedded_data_bytes"]
+
+
+#: the kernels warn (:class:`EmbeddedDataWarning`) when NumPyro's loop would compile more data
+#: than this into its program as constants (``MCMC(..., jit_model_args=False)``, the default)
+EMBEDDED_DATA_WARN_BYTES = 16 * 2**20
+
+
+class EmbeddedDataWarning(UserWarning):
+    """The data are compile-time constants of NumPyro's sampling loop (``MCMC``'s default
+    ``jit_model_args=False``): slow to compile at every run; pass ``jit_model_args=True``."""
+
+
+def embedded_data_bytes(state, model_args, model_kwargs) -> int:
+    """Bytes of data that a program tracing ``state`` would hold as constants: the concrete
+    array leaves of the model arguments when the state is traced (else 0)."""
+    if not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(state)):
+        return 0
+    return sum(int(np.size(x)) * np.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves((model_args, model_kwargs))
+               if is_data(x) and not isinstance(x, jax.core.Tracer))
 
 
 def all_finite(x):
@@ -86,15 +114,25 @@ class PerDataCache:
     def __init__(self):
         self._leaves, self.value = None, None
 
+    @staticmethod
+    def _refs(leaves):
+        """Weak references to the array leaves (the cache never keeps the data alive; a freed
+        array's id cannot then be mistaken for a new one's), the other leaves as they are."""
+        return [_WeakLeaf(x) if _weakable(x) else x for x in leaves]
+
+    @staticmethod
+    def _same(kept, leaves) -> bool:
+        return len(kept) == len(leaves) and all(
+            (k() if isinstance(k, _WeakLeaf) else k) is x for k, x in zip(kept, leaves))
+
     def get(self, model_args, model_kwargs, compute: Callable):
         """The value for these data, computed by ``compute()`` on a miss."""
         leaves = jax.tree.leaves((model_args, model_kwargs))
-        if self.value is not None and (self._leaves is None or (
-                len(self._leaves) == len(leaves) and all(a is b for a, b in zip(self._leaves, leaves)))):
+        if self.value is not None and (self._leaves is None or self._same(self._leaves, leaves)):
             return self.value
         self.value = compute()
         traced = any(isinstance(x, jax.core.Tracer) for x in leaves)
-        self._leaves = None if traced else leaves
+        self._leaves = None if traced else self._refs(leaves)
         if traced:  # nothing is kept for data seen only as tracers
             value, self.value = self.value, None
             return value
@@ -103,6 +141,37 @@ class PerDataCache:
     def set(self, value):
         """Keep ``value`` for any data (until :meth:`get` sees data after a miss)."""
         self._leaves, self.value = None, value
+
+    def clear(self):
+        """Forget the value (the next :meth:`get` computes it)."""
+        self._leaves, self.value = None, None
+
+
+class _WeakLeaf(weakref.ref):
+    """A weak reference to an array leaf of the data (see :class:`PerDataCache`)."""
+
+
+def _weakable(x) -> bool:
+    return isinstance(x, (np.ndarray, jax.Array)) and not isinstance(x, jax.core.Tracer)
+
+
+def program_settings(obj, skip=()) -> tuple | None:
+    """The hashable description of an object's settings (its instance attributes but ``skip``)
+    for the key of a compiled program (:func:`~numpyro_sg.infer.programs.cached_program`):
+    small arrays by value, functions by identity (but an instance attribute shadowing a method
+    is skipped); ``None`` when some attribute has no such description (no caching then)."""
+    out = []
+    for name, value in sorted(vars(obj).items()):
+        if name in skip or (callable(value) and callable(getattr(type(obj), name, None))):
+            continue  # (an instance's override of a method, e.g. a timing wrapper, is no setting)
+        if isinstance(value, np.ndarray) and value.size <= 4096:
+            value = ("array", value.shape, value.dtype.str, value.tobytes())
+        try:
+            hash(value)
+        except TypeError:
+            return None
+        out.append((name, value))
+    return tuple(out)
 
 
 class SGKernel(MCMCKernel):
@@ -138,6 +207,7 @@ class SGKernel(MCMCKernel):
         self._num_warmup = 0
         self._sample_fn = None
         self._deterministic_in_plate = True
+        self._warned_embedded = False
 
     # -- NumPyro's MCMCKernel contract -----------------------------------------------------
     @property
@@ -176,18 +246,54 @@ class SGKernel(MCMCKernel):
     def sample(self, state, model_args, model_kwargs):
         """One iteration of every chain: :meth:`step`, ``vmap``-ed for vectorised chains."""
         model_kwargs = {} if model_kwargs is None else model_kwargs
+        self._warn_embedded_data(state, model_args, model_kwargs)
         state = self._between_steps(state)
         if is_prng_key(state.rng_key):
             new = self.step(state, model_args, model_kwargs)
         else:  # chain_method="vectorized": the kernel vmaps itself
             new = jax.vmap(self.step, in_axes=(0, None, None))(state, model_args, model_kwargs)
-        newly = jnp.logical_and(new.diverging, jnp.logical_not(state.diverging))
-        jax.lax.cond(
-            jnp.any(newly),
-            lambda: jax.debug.callback(self._warn_divergence, state.i, newly),
-            lambda: None,
-        )
         return new
+
+    #: instance attributes that are no setting of the compiled programs (caches, ``init``'s products)
+    NOT_SETTINGS = ("_fits", "_mb", "_unravel", "_sample_fn", "_warned_embedded")
+
+    def _program_key(self, *parts):
+        """Key of one of this kernel's compiled programs (:func:`~numpyro_sg.infer.programs.
+        cached_program`): class, model, subsample plates and settings (known after ``_plan``),
+        and ``parts``; ``None`` (no sharing) when a setting has no hashable description."""
+        settings = program_settings(self, self.NOT_SETTINGS)
+        if settings is None:
+            return None
+        return (type(self), self._model, self._mb.plates, self._mb.replace, settings) + parts
+
+    def _warn_embedded_data(self, state, model_args, model_kwargs):
+        """Warn once when the data would be compiled into the caller's program as constants."""
+        if getattr(self, "_warned_embedded", False):
+            return
+        nbytes = embedded_data_bytes(state, model_args, model_kwargs)
+        if nbytes > EMBEDDED_DATA_WARN_BYTES:
+            self._warned_embedded = True
+            warnings.warn(
+                f"{type(self).__name__}: the data ({nbytes / 2**20:.0f} MB) become constants of "
+                "the compiled sampling loop, because MCMC's jit_model_args=False closes over "
+                "them: compiling then takes seconds longer, at every run. Pass "
+                "MCMC(..., jit_model_args=True) to give them to the loop as arguments.",
+                EmbeddedDataWarning, stacklevel=3,
+            )
+
+    def reset_warmup(self):
+        """Forget what this kernel keeps from its last ``init`` on the same data — the warmup's
+        mode search (mode, Laplace preconditioner, control-variate anchor; for SparseAsync the
+        model's structure) — so that the next ``MCMC.run`` computes them afresh.
+
+        A kernel run again on the same data arrays (the same objects: a second ``MCMC.run``,
+        the next chain of ``chain_method="sequential"``) with the same settings reuses them,
+        and new data recompute them; call this after changing the data's values in place, or
+        to drop a fit passed with ``use_mode_fit``/``warmup_options``.
+        """
+        for value in vars(self).values():
+            if isinstance(value, PerDataCache):
+                value.clear()
 
     def step(self, state, model_args, model_kwargs):  # pragma: no cover - abstract
         """One iteration of one chain: a pure function of the state and the data."""
@@ -259,20 +365,29 @@ class SGKernel(MCMCKernel):
         """
         return []
 
-    def _warn_divergence(self, iteration, newly):
-        k = int(jnp.max(iteration)) + 1  # 1-based iteration number, warmup included
+    def diverged_at(self, state) -> dict:
+        """``{chain: iteration}`` of the diverged chains of a run's final ``state`` (e.g.
+        ``mcmc.last_state``): :func:`~numpyro_sg.kernels.guard.diverged_iterations`."""
+        return diverged_iterations(state)
+
+    def describe_iteration(self, k) -> str:
+        """A 1-based iteration ``k`` (warmup included) in words: warmup or sampling draw index."""
+        if k is None:
+            return "an unrecorded iteration"
         if k <= self._num_warmup:
-            where = f"warmup iteration {k} of {self._num_warmup}"
-        else:
-            where = f"iteration {k}, i.e. sampling draw index {k - self._num_warmup - 1}"
-        chains = ""
-        if jnp.ndim(newly) > 0:
-            chains = f" in vectorized chain(s) {[int(c) for c in jnp.nonzero(newly)[0]]}"
-        warnings.warn(
-            f"{type(self).__name__}: the chain diverged at {where}{chains}: the parameters, the "
-            "log density or the stochastic gradient became non-finite or exploded. The chain "
-            "is frozen at its last state before the blow-up and its 'diverging' field is True "
-            "from there on; reduce step_size.",
-            DivergenceWarning,
-            stacklevel=2,
+            return f"warmup iteration {k} of {self._num_warmup}"
+        return f"iteration {k}, i.e. sampling draw index {k - self._num_warmup - 1}"
+
+    def divergence_message(self, state) -> str | None:
+        """The :class:`DivergenceWarning` text for a run's final ``state`` naming each diverged
+        chain and the iteration of its blow-up; ``None`` when no chain diverged."""
+        where = self.diverged_at(state)
+        if not where:
+            return None
+        chains = "; ".join(f"chain {c} at {self.describe_iteration(k)}" for c, k in where.items())
+        return (
+            f"{type(self).__name__}: the chain diverged ({chains}): the parameters, the log "
+            "density or the stochastic gradient became non-finite or exploded. The chain is "
+            "frozen at its last state before the blow-up and its 'diverging' field is True from "
+            "there on; reduce step_size."
         )

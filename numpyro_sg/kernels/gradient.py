@@ -46,6 +46,7 @@ from numpyro_sg.infer.preconditioner import (
     update_moments,
 )
 from numpyro_sg.infer.warmup import ModeFit, WarmupOptions, find_mode, starting_points
+from numpyro_sg.infer.programs import tree_signature
 from numpyro_sg.kernels.base import PerDataCache, SGKernel, all_finite, check_choice, split_init_key
 from numpyro_sg.kernels.guard import freeze, guarded_update, init_guard, rms
 from numpyro_sg.kernels.moves import ema
@@ -217,13 +218,15 @@ class GradientKernel(SGKernel):
         starts = starting_points(init_params, fit, rng_key, batched, self._unravel,
                                  self.warmup_options.jitter)
 
-        def init_one(params, key, model_args, model_kwargs):
-            return self._initial_state(ravel_pytree(params)[0].astype(dtype), key, hyper, precond,
-                                       anchor, model_args, model_kwargs)
+        def init_one(params, key, geometry, model_args, model_kwargs):
+            return self._initial_state(ravel_pytree(params)[0].astype(dtype), key, *geometry,
+                                       model_args, model_kwargs)
 
         if batched:
-            init_one = jax.vmap(init_one, in_axes=(0, 0, None, None))
-        state = jit_with_data(init_one, model_args, model_kwargs)(starts, rng_key)
+            init_one = jax.vmap(init_one, in_axes=(0, 0, None, None, None))
+        key = self._program_key("init", batched, str(dtype), tree_signature(info.unconstrained_example()))
+        program = jit_with_data(init_one, model_args, model_kwargs, key=key)
+        state = program(starts, rng_key, (hyper, precond, anchor))
         self._sample_fn = self.sample
         return state
 

@@ -3,8 +3,12 @@ r"""Divergence guard shared by every kernel: detect a blow-up, freeze the chain,
 A chain *blows up* when its state, log density or gradient becomes non-finite, or when the
 norm of its gradient (in the kernel's working frame) grows past :data:`BLOWUP_FACTOR` times a
 reference norm learnt from the chain's first steps.  From then on the chain is *frozen* at its
-last safe point and its ``diverging`` flag stays ``True``; the kernel shell warns once
-(:class:`~numpyro_sg.kernels.base.DivergenceWarning`) naming the iteration.
+last safe point, its ``diverging`` flag stays ``True`` and the guard records the iteration
+(``guard.diverged_at``).  Nothing is reported from inside the compiled step (a host callback
+there would keep the sampling loop out of JAX's persistent compilation cache): NumPyro collects
+``diverging`` by default, and :func:`numpyro_sg.check_convergence`,
+:func:`numpyro_sg.to_inference_data` and :func:`numpyro_sg.posterior_summary` warn after the run
+(:class:`~numpyro_sg.DivergenceWarning`) naming the chains and iterations.
 
 Every kernel calls :func:`guarded_update` once per iteration with the proposed point::
 
@@ -18,11 +22,12 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from numpyro_sg.kernels.moves import ema
 
 __all__ = ["DivergenceGuard", "init_guard", "guard_step", "freeze", "GuardedPoint", "guarded_update",
-           "rms", "BLOWUP_FACTOR", "SAFE_FACTOR", "GUARD_BURN_IN"]
+           "rms", "diverged_iterations", "BLOWUP_FACTOR", "SAFE_FACTOR", "GUARD_BURN_IN"]
 
 
 # -------------------------------------------------------------------------------------------
@@ -31,13 +36,16 @@ class DivergenceGuard(NamedTuple):
 
     ``safe`` the last point (flat) whose working-frame gradient norm stayed within
     :data:`SAFE_FACTOR` of the reference; ``reference`` the reference norm (``inf`` before the
-    first step); ``level`` a moving average of the norm; ``count`` the number of steps seen.
+    first step); ``level`` a moving average of the norm; ``count`` the number of steps seen;
+    ``diverged_at`` the step (1-based, i.e. the iteration, warmup included) at which the chain
+    blew up, −1 while it has not.
     """
 
     safe: Any
     reference: Any
     level: Any
     count: Any
+    diverged_at: Any
 
 
 #: a gradient norm above this multiple of the reference is a blow-up (divergence)
@@ -52,7 +60,8 @@ _LEVEL_WEIGHT = 0.05
 def init_guard(flat, grad_norm) -> DivergenceGuard:
     """Guard at the initial point."""
     norm = jnp.where(jnp.isfinite(grad_norm), grad_norm, 0.0)
-    return DivergenceGuard(flat, jnp.full_like(norm, jnp.inf), norm, jnp.zeros((), jnp.int32))
+    return DivergenceGuard(flat, jnp.full_like(norm, jnp.inf), norm, jnp.zeros((), jnp.int32),
+                           jnp.full((), -1, jnp.int32))
 
 
 def guard_step(guard: DivergenceGuard, flat, grad_norm, finite):
@@ -78,7 +87,7 @@ def guard_step(guard: DivergenceGuard, flat, grad_norm, finite):
     keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
     new = DivergenceGuard(
         jnp.where(safe_now, flat, guard.safe), keep(reference, guard.reference),
-        keep(level, guard.level), count,
+        keep(level, guard.level), count, guard.diverged_at,
     )
     return blown, new
 
@@ -108,10 +117,12 @@ def guarded_update(guard: DivergenceGuard, diverging, flat, new_flat, grad_norm,
         frame (e.g. :func:`rms`), compared with the guard's reference.
     :param finite: whether the state, log density and gradient at ``new_flat`` are finite.
     :return: :class:`GuardedPoint` — ``new_flat`` when nothing blew up; otherwise the last safe
-        point (the chain's last state before the blow-up), with ``diverging`` True from now on.
+        point (the chain's last state before the blow-up), with ``diverging`` True from now on
+        and the iteration recorded in ``guard.diverged_at``.
     """
     blown, guard = guard_step(guard, new_flat, grad_norm, finite)
     now = diverging | blown
+    guard = guard._replace(diverged_at=jnp.where(now & ~diverging, guard.count, guard.diverged_at))
     frozen_at = jnp.where(diverging, flat, guard.safe)
     return GuardedPoint(jnp.where(now, frozen_at, new_flat), now, guard)
 
@@ -119,3 +130,15 @@ def guarded_update(guard: DivergenceGuard, diverging, flat, new_flat, grad_norm,
 def rms(x):
     """Root mean square √(mean x²) of an array: the gradient norm the guard compares."""
     return jnp.sqrt(jnp.mean(jnp.square(x)))
+
+
+def diverged_iterations(state) -> dict:
+    """``{chain: iteration}`` of the chains a run's final ``state`` flags ``diverging``: the
+    1-based iteration (warmup included) at which each blew up (``guard.diverged_at``), or
+    ``None`` where the state does not record it.  Chains are positions along the leading axis
+    of a batched state (``chain_method="vectorized"`` or several chains), else ``0``."""
+    flags = np.asarray(getattr(state, "diverging", False), bool)
+    guard = getattr(state, "guard", None)
+    at = np.asarray(getattr(guard, "diverged_at", np.full(flags.shape, -1)), np.int64)
+    flags, at = flags.reshape(-1), np.broadcast_to(at, flags.shape).reshape(-1)
+    return {int(c): (int(at[c]) if at[c] > 0 else None) for c in np.nonzero(flags)[0]}

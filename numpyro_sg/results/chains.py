@@ -29,10 +29,14 @@ import numpy as np
 from numpyro_sg.arviz_compat import from_dict, get_group, has_group, select_chains, set_group
 from numpyro_sg.diagnostics.convergence import DivergenceWarning
 
-__all__ = ["DIVERGED_ATTR", "diverged_chains", "without_diverged", "warn_diverged"]
+__all__ = ["DIVERGED_ATTR", "DIVERGED_AT_ATTR", "diverged_chains", "divergence_iterations",
+           "without_diverged", "warn_diverged"]
 
 #: the ``sample_stats`` attribute listing the diverged chains (positions along ``chain``)
 DIVERGED_ATTR = "diverged_chains"
+#: the ``sample_stats`` attribute listing, for each of :data:`DIVERGED_ATTR`, the 1-based
+#: iteration (warmup included) of its blow-up (−1 when unknown)
+DIVERGED_AT_ATTR = "diverged_at"
 
 
 def _grouped(obj) -> dict:
@@ -91,15 +95,36 @@ def diverged_chains(obj) -> list:
     return [int(c) for c in np.nonzero(bad)[0]]
 
 
-def warn_diverged(diverged, chains: int, what: str):
-    """Issue the :class:`~numpyro_sg.DivergenceWarning` that ``what`` leaves out ``diverged``."""
+def divergence_iterations(obj) -> dict:
+    """``{chain: when}``: for the chains of a run whose kernel recorded the iteration of the
+    blow-up (``mcmc.last_state``, or ``sample_stats.attrs["diverged_at"]`` of an
+    ``InferenceData``), that iteration in words; ``{}`` otherwise."""
+    if hasattr(obj, "posterior"):
+        stats = obj.sample_stats if "sample_stats" in obj.groups() else None
+        if stats is None:
+            return {}
+        chains = np.asarray(stats.attrs.get(DIVERGED_ATTR, []), int).reshape(-1)
+        at = np.asarray(stats.attrs.get(DIVERGED_AT_ATTR, []), int).reshape(-1)
+        return {int(c): f"iteration {int(k)} (warmup included)" for c, k in zip(chains, at) if k > 0}
+    sampler, state = getattr(obj, "sampler", None), getattr(obj, "last_state", None)
+    if not hasattr(sampler, "diverged_at") or state is None:
+        return {}
+    return {c: sampler.describe_iteration(k) for c, k in sampler.diverged_at(state).items() if k}
+
+
+def warn_diverged(diverged, chains: int, what: str, when=None):
+    """Issue the :class:`~numpyro_sg.DivergenceWarning` that ``what`` leaves out ``diverged``
+    (``when``: :func:`divergence_iterations`, named in the warning)."""
     if not diverged:
         return
     left = "every chain diverged: nothing is left to pool, so all are kept and the results are " \
         "meaningless" if len(diverged) == chains else f"{what} use the other {chains - len(diverged)} chain(s)"
+    when = when or {}
+    at = "; ".join(f"chain {c} at {when[c]}" for c in diverged if c in when)
     warnings.warn(
-        f"chain(s) {list(diverged)} of {chains} diverged (frozen after their state or gradient "
-        f"blew up; draws of order 10¹² or their last value before the blow-up): {left}. "
+        f"chain(s) {list(diverged)} of {chains} diverged{f' ({at})' if at else ''} (frozen after "
+        f"their state or gradient blew up; draws of order 10¹² or their last value before the "
+        f"blow-up): {left}. "
         "Reduce step_size, or keep the default preconditioner and step size.",
         DivergenceWarning, stacklevel=3,
     )
@@ -117,7 +142,7 @@ def without_diverged(obj, what: str):
     if not diverged:
         return obj, []
     chains = next(iter(samples.values())).shape[0]
-    warn_diverged(diverged, chains, what)
+    warn_diverged(diverged, chains, what, divergence_iterations(obj))
     if len(diverged) == chains:
         return obj, diverged
     keep = [c for c in range(chains) if c not in set(diverged)]

@@ -58,7 +58,13 @@ from numpyro_sg.diagnostics.model_scores import (
 )
 from numpyro_sg.infer.model_info import improper_to_uniform
 from numpyro_sg.infer.sharding import auto_view
-from numpyro_sg.results.chains import DIVERGED_ATTR, diverged_chains, warn_diverged
+from numpyro_sg.results.chains import (
+    DIVERGED_AT_ATTR,
+    DIVERGED_ATTR,
+    diverged_chains,
+    divergence_iterations,
+    warn_diverged,
+)
 
 
 __all__ = ["to_inference_data", "attach_ksd", "cast_discrete", "preconditioner_name"]
@@ -216,13 +222,18 @@ def _finish(idata, scores, sampling_time):
 
 
 def _record_diverged(idata, mcmc) -> list:
-    """Find the run's diverged chains, warn, and record them in
-    ``sample_stats.attrs["diverged_chains"]`` (chain positions), in place; return them."""
+    """Find the run's diverged chains, warn (naming the iterations of the blow-ups), and record
+    them in ``sample_stats.attrs["diverged_chains"]`` (chain positions) and
+    ``attrs["diverged_at"]`` (their iterations, −1 unknown), in place; return them."""
     diverged = diverged_chains(mcmc)
-    warn_diverged(diverged, idata.posterior.sizes["chain"], "the pooled KSD and posterior_summary")
+    warn_diverged(diverged, idata.posterior.sizes["chain"], "the pooled KSD and posterior_summary",
+                  divergence_iterations(mcmc))
+    sampler, state = getattr(mcmc, "sampler", None), getattr(mcmc, "last_state", None)
+    at = sampler.diverged_at(state) if hasattr(sampler, "diverged_at") and state is not None else {}
     if not has_group(idata, "sample_stats"):
         set_group(idata, "sample_stats", xr.Dataset(attrs={DIVERGED_ATTR: list(diverged)}))
     idata.sample_stats.attrs[DIVERGED_ATTR] = list(diverged)
+    idata.sample_stats.attrs[DIVERGED_AT_ATTR] = [int(at.get(c) or -1) for c in diverged]
     return diverged
 
 

@@ -136,7 +136,7 @@ def glm_indicator_update(plan, view, aux, theta, delta, eta, keys):
 
 def glm_iteration(plan, mb, state, model_args, model_kwargs):
     """STEP 1 and STEP 2 on the fast path: ``(new state, guard norm, finite)``; an overflow of
-    the active list freezes the chain (``overflow``; the kernel's ``sample`` raises)."""
+    the active list sets ``overflow``, which the guard treats as a blow-up (the chain freezes)."""
     ss = plan.ss
     key, k_sub, k_inner, k_spike, k_ber, k_batch, k_out = random.split(state.rng_key, 7)
     view, batch_state = glm_view(plan, mb, state, model_args, model_kwargs, k_batch)

@@ -7,7 +7,6 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import constrain_fn
 
@@ -61,8 +60,12 @@ class SparseAsync(SGKernel):
     (:func:`~numpyro_sg.kernels.guard.guarded_update`) once per iteration, on the gradient norm
     1 + √(ε·mean_j g_j²) over the moved coordinates (:func:`~numpyro_sg.kernels.sparse_async.guard_norm`):
     a chain whose state or gradient becomes non-finite or explodes is frozen at its last safe
-    point, ``diverging`` is True from then on and a
-    :class:`~numpyro_sg.DivergenceWarning` names the iteration.
+    point and ``diverging`` is True from then on; after the run,
+    :func:`numpyro_sg.check_convergence` (and :func:`numpyro_sg.to_inference_data`) issue a
+    :class:`~numpyro_sg.DivergenceWarning` naming the chain and the iteration (nothing is
+    reported from inside the compiled step).  On the fast path, a model size past
+    ``max_active`` (the active list's static size) freezes the chain the same way, with
+    ``overflow`` set, and the warning says to pass a larger ``max_active``.
 
     An option that does not apply to the chosen variant (or to the STEP 1 move that
     ``inner="auto"`` picks) is an error, not silently ignored.
@@ -250,20 +253,17 @@ class SparseAsync(SGKernel):
         return sparse_async_step(self._plan, self._mb, self._unravel, self._num_warmup, state,
                                  model_args, model_kwargs)
 
-    def sample(self, state, model_args, model_kwargs):
-        """One iteration of every chain (the shell's, which warns on a divergence), then the
-        active-list overflow check of the fast path."""
-        new = super().sample(state, model_args, model_kwargs)
-        if self._plan.fast:  # one check outside any vmap of the chains
-            newly = jnp.any(new.overflow & ~state.overflow)
-            lax.cond(newly, lambda: jax.debug.callback(self._raise_overflow, state.i), lambda: None)
-        return new
-
-    def _raise_overflow(self, iteration):
-        raise ValueError(
-            f"SparseAsync: at iteration {int(np.max(iteration)) + 1} the model size "
+    def divergence_message(self, state) -> str | None:
+        """The shell's message, and for chains frozen by an overflow of the active list (fast
+        path: size(δ) past ``max_active``) the fix."""
+        message = super().divergence_message(state)
+        overflow = np.asarray(getattr(state, "overflow", False), bool).reshape(-1)
+        if message is None or not overflow.any():
+            return message
+        return message + (
+            f" Chain(s) {[int(c) for c in np.nonzero(overflow)[0]]} stopped because the model size "
             f"size({self._plan.ss.indicator}) would exceed max_active = {self._plan.max_active} (the "
-            "static size of the active-set index list of the fast path). Pass a larger max_active "
+            "static size of the active-set index list of the fast path): pass a larger max_active "
             "(cost O(N·max_active) per iteration at worst) or fast_path='generic'."
         )
 

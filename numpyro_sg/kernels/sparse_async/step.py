@@ -42,7 +42,7 @@ class SparseAsyncState(NamedTuple):
     transposed design); ``hyper`` the :class:`SparseAsyncHyper`; ``guard`` the
     :class:`~numpyro_sg.kernels.guard.DivergenceGuard`; ``diverging`` True from the first
     blow-up on (the chain is frozen at its last safe point); ``overflow`` True once size(δ)
-    would exceed ``max_active`` (the chain is frozen and an error is raised).
+    would exceed ``max_active`` (the guard then freezes the chain as a blow-up).
     """
 
     i: Any
@@ -122,12 +122,12 @@ def kept_active(plan, delta, state, new, frozen, newly):
 
 def guard_chain(plan, unravel, state, new, grad_norm, finite):
     """The shared guard on the whole point (continuous sites and δ): ``new`` unless the chain
-    blows up (non-finite, or ``grad_norm`` far above its reference); then the chain is frozen
-    at its last safe point and ``diverging`` stays True."""
+    blows up (non-finite, ``grad_norm`` far above its reference, or an overflow of the active
+    list); then the chain is frozen at its last safe point and ``diverging`` stays True."""
     ss, p = plan.ss, plan.ss.num_coefficients
     new_flat = chain_point(ss, new.z)
     kept = guarded_update(state.guard, state.diverging, chain_point(ss, state.z), new_flat,
-                          grad_norm, finite & all_finite(new_flat))
+                          grad_norm, finite & all_finite(new_flat) & ~new.overflow)
     delta = kept.flat[-p:].astype(jnp.int32)
     frozen, newly = kept.diverging, kept.diverging & ~state.diverging
     key = freeze(frozen, state.z[SPIKE_KEY], new.z[SPIKE_KEY])

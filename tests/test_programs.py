@@ -1,0 +1,63 @@
+"""Compile once per shape: the warmup reused by a second run, no host callback in the step."""
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+from numpyro.infer import MCMC
+
+import numpyro_sg as nsg
+import numpyro_sg.kernels.gradient as gradient_module
+
+
+def logistic_model(X, y=None):
+    theta = numpyro.sample("theta", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=50):
+        Xb = numpyro.subsample(X, event_dim=1)
+        numpyro.sample("y", dist.Bernoulli(logits=Xb @ theta), obs=numpyro.subsample(y, event_dim=0))
+
+
+def _data(n=500, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    y = (rng.random(n) < 1 / (1 + np.exp(-X @ np.ones(d)))).astype(np.float32)
+    return X, y
+
+
+def test_a_second_run_reuses_the_warmup_and_reset_warmup_forces_a_new_one(monkeypatch):
+    """The same kernel on the same arrays: one mode search for two runs, with the same
+    preconditioner; new arrays or ``reset_warmup()`` search again."""
+    calls = []
+    original = gradient_module.find_mode
+    monkeypatch.setattr(gradient_module, "find_mode", lambda *a, **k: calls.append(1) or original(*a, **k))
+    X, y = _data()
+    kernel = nsg.SGLD(logistic_model)
+    mcmc = MCMC(kernel, num_warmup=20, num_samples=20, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y)
+    first = np.asarray(mcmc.last_state.precond.chol)
+    mcmc.run(jax.random.PRNGKey(1), X, y)
+    assert len(calls) == 1
+    np.testing.assert_array_equal(np.asarray(mcmc.last_state.precond.chol), first)
+    mcmc.run(jax.random.PRNGKey(1), X.copy(), y.copy())  # new arrays: a new search
+    assert len(calls) == 2
+    kernel.reset_warmup()
+    mcmc.run(jax.random.PRNGKey(1), X, y)
+    assert len(calls) == 3
+
+
+def test_the_sampling_step_holds_no_host_callback():
+    """A host callback in NumPyro's loop keeps it out of JAX's persistent compilation cache: the
+    step of every kernel must have none (the divergence report comes after the run)."""
+    for path in pathlib.Path(nsg.__file__).parent.joinpath("kernels").rglob("*.py"):
+        text = path.read_text()
+        for name in ("jax.debug", "io_callback", "pure_callback"):
+            assert name not in text, (path, name)
+    X, y = _data()
+    kernel = nsg.SGLD(logistic_model)
+    state = kernel.init(jax.random.PRNGKey(0), 10, None, (X, y), {})
+    jaxpr = str(jax.make_jaxpr(lambda s: kernel.sample(s, (X, y), {}))(state))
+    assert "callback" not in jaxpr
+    assert int(jnp.asarray(state.guard.diverged_at)) == -1
