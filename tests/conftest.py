@@ -9,6 +9,10 @@ import numpyro.distributions as dist  # noqa: E402
 import pytest  # noqa: E402
 from numpyro.infer import init_to_uniform  # noqa: E402
 
+# scripts run in subprocesses by tests/test_sharding.py (they read sys.argv and set their own
+# devices): not test modules, and --doctest-modules must not import them
+collect_ignore = ["multiprocess_checks.py", "sharded_checks.py"]
+
 # The papers' kernels: absolute step sizes (no preconditioner), plain mini-batch gradients and
 # NumPyro's random start — what the tests of the papers' algorithms run.
 CLASSIC = dict(preconditioner=None, gradient="plain", init_strategy=init_to_uniform)
