@@ -280,3 +280,20 @@ def test_user_facing_text_cites_no_internal_document():
     found = [f"{p.relative_to(ROOT.parent)}:{i}: {line.strip()}" for p in files
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
     assert not found, "\n".join(found)
+
+
+def test_importing_the_package_starts_no_jax_backend():
+    """Users (and the multi-device recipes) set XLA_FLAGS or jax.config after ``import
+    numpyro_sg``: a module-level JAX computation would start the backend with one device."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, numpyro_sg, jax; "
+            "os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=3'; "
+            "print(jax.local_device_count())")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=ROOT.parent, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "3"

@@ -40,7 +40,7 @@ __all__ = [
     "student_t_draws",
 ]
 
-LOG_2PI = jnp.log(2.0 * jnp.pi)
+LOG_2PI = math.log(2.0 * math.pi)  # a Python float: importing must not start a JAX backend
 
 
 class LocalEstimate(NamedTuple):
