@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from numpyro.infer import MCMC  # noqa: E402
 
 import numpyro_sg as nsg  # noqa: E402
+from numpyro_sg.arviz_compat import group_names  # noqa: E402
 from numpyro_sg.infer.minibatch import Anchor, Minibatcher  # noqa: E402
 from numpyro_sg.infer.model_info import trace_model  # noqa: E402
 from numpyro_sg.infer.plates import discover_plates  # noqa: E402
@@ -229,7 +230,7 @@ def check_errors():
     mcmc = MCMC(nsg.SGLD(logistic), num_warmup=50, num_samples=50, progress_bar=False, jit_model_args=True)
     mcmc.run(key, shard_rows(X, two, "data"), shard_rows(y, two, "data"))
     out["two_axis_mean"] = np.asarray(mcmc.get_samples()["theta"]).mean(0).tolist()
-    out["idata_groups"] = sorted(nsg.to_inference_data(mcmc, check=False).groups())
+    out["idata_groups"] = sorted(group_names(nsg.to_inference_data(mcmc, check=False)))
     return out
 
 

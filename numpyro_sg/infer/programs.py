@@ -26,7 +26,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-__all__ = ["cached_program", "tree_signature", "enable_compilation_cache", "clear_programs",
+__all__ = ["cached_program", "tree_signature", "placement_key", "enable_compilation_cache", "clear_programs",
            "num_programs", "CACHE_ENV", "MAX_PROGRAMS"]
 
 #: environment variable: a directory for JAX's persistent compilation cache, enabled at import
@@ -49,6 +49,12 @@ def tree_signature(tree) -> tuple:
     leaves, treedef = jax.tree.flatten(tree)
     return treedef, tuple((tuple(np.shape(x)), str(x.dtype if hasattr(x, "dtype") else np.result_type(x)))
                           for x in leaves)
+
+
+def placement_key(minibatcher) -> tuple:
+    """Where a mini-batcher's programs run: its class and, for sharded data, the mesh, axes and
+    shard count (a program built for one mesh must not be reused on another)."""
+    return type(minibatcher).__name__, repr(getattr(minibatcher, "shards", None))
 
 
 def cached_program(key, build: Callable):

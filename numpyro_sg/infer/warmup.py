@@ -65,7 +65,7 @@ from numpyro_sg.infer.minibatch import Anchor, Minibatcher, noise_groups
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
 from numpyro_sg.infer.multistart import break_symmetry, explore_starts, start_candidates, usual_start
 from numpyro_sg.infer.plates import subsample_plates
-from numpyro_sg.infer.programs import tree_signature
+from numpyro_sg.infer.programs import placement_key, tree_signature
 from numpyro_sg.infer.preconditioner import Preconditioner, from_working, to_working
 from numpyro_sg.infer.sharding import auto_view
 from numpyro_sg.infer.warmup_options import ModeFit, WarmupOptions
@@ -86,7 +86,7 @@ class _WarmupPrograms:
         self.mb, self.unravel, self.options, self.rows = mb, unravel, options, rows
         self.data = (model_args, model_kwargs)
         # what every program computes besides its arguments (the rows follow from the options)
-        self.key = ("warmup", mb.model, mb.plates, mb.replace, signature, options)
+        self.key = ("warmup", mb.model, mb.plates, mb.replace, placement_key(mb), signature, options)
 
     def _jit(self, fn, *name):
         """``fn`` compiled with the data as arguments, shared by every warmup of the same

@@ -36,6 +36,7 @@ from numpyro.util import is_prng_key
 from numpyro_sg.diagnostics.convergence import DivergenceWarning
 from numpyro_sg.infer.jit_data import is_data
 from numpyro_sg.infer.minibatch import Minibatcher, full_data, with_indices
+from numpyro_sg.infer.programs import placement_key
 from numpyro_sg.kernels.guard import diverged_iterations
 
 __all__ = ["SGKernel", "DivergenceWarning", "split_init_key", "all_finite", "check_choice",
@@ -264,7 +265,8 @@ class SGKernel(MCMCKernel):
         settings = program_settings(self, self.NOT_SETTINGS)
         if settings is None:
             return None
-        return (type(self), self._model, self._mb.plates, self._mb.replace, settings) + parts
+        return (type(self), self._model, self._mb.plates, self._mb.replace, placement_key(self._mb),
+                settings) + parts
 
     def _warn_embedded_data(self, state, model_args, model_kwargs):
         """Warn once when the data would be compiled into the caller's program as constants."""
