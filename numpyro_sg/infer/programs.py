@@ -105,16 +105,18 @@ def enable_compilation_cache(path=None, *, min_compile_time_secs: float = 0.0) -
     Every program compiled afterwards in the process — ours and NumPyro's collection loop — is
     stored there and read back instead of compiled again, by this process (a new ``MCMC``
     object re-jits NumPyro's loop: the compilation then becomes a read) and by later ones.
-    ``path`` defaults to ``$NUMPYRO_SG_COMPILATION_CACHE`` or ``~/.cache/numpyro_sg/jax``.
+    ``path`` defaults to ``$NUMPYRO_SG_COMPILATION_CACHE`` or ``~/.cache/numpyro_sg/jax-<JAX
+    version>`` (one directory per JAX version: two versions must never share one).
     ``min_compile_time_secs`` (JAX's own default is 1 s) is the shortest compilation worth
     storing: 0 stores every program, the mode search's are each well under a second.
 
     Equivalent to setting JAX's options ``jax_compilation_cache_dir`` and
     ``jax_persistent_cache_min_compile_time_secs``; returns the directory.  Entries are keyed by
-    the program's text, the JAX version and the device, so a stale entry is never used.
+    the program's text and the device; give each JAX installation its own ``path`` (a cache
+    written by another JAX version crashed a reader in our tests).
     """
     path = path or os.environ.get(CACHE_ENV) or os.path.join(
-        os.path.expanduser("~"), ".cache", "numpyro_sg", "jax")
+        os.path.expanduser("~"), ".cache", "numpyro_sg", f"jax-{jax.__version__}")
     path = os.fspath(path)
     os.makedirs(path, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)
