@@ -100,7 +100,7 @@ def divergence_iterations(obj) -> dict:
     blow-up (``mcmc.last_state``, or ``sample_stats.attrs["diverged_at"]`` of an
     ``InferenceData``), that iteration in words; ``{}`` otherwise."""
     if hasattr(obj, "posterior"):
-        stats = obj.sample_stats if "sample_stats" in obj.groups() else None
+        stats = get_group(obj, "sample_stats") if has_group(obj, "sample_stats") else None
         if stats is None:
             return {}
         chains = np.asarray(stats.attrs.get(DIVERGED_ATTR, []), int).reshape(-1)
