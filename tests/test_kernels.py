@@ -54,9 +54,13 @@ def test_chain_methods_agree(name, logistic_data):
     ref = out["sequential"].get_samples(group_by_chain=True)["theta"]
     assert ref.shape == (2, 100, 3)
     assert not np.allclose(ref[0], ref[1])  # chains differ
+    # same arithmetic, other XLA fusions: float32 rounding only. JAX ≥ 0.11 fuses the pmapped
+    # program differently, and SGBD's adaptive step carries a 5e-6 rounding difference through
+    # 150 iterations (≈ 2e-4 posterior sd); any real difference (keys, state) is ≥ 1e-2
+    atol = 1e-6 if jax.__version_info__ < (0, 11) else 1e-5
     for cm in ("parallel", "vectorized"):
         np.testing.assert_allclose(
-            out[cm].get_samples(group_by_chain=True)["theta"], ref, rtol=1e-4, atol=1e-6
+            out[cm].get_samples(group_by_chain=True)["theta"], ref, rtol=1e-4, atol=atol
         )
         for field in ("step_size", "grad_noise_sd", "diverging"):
             np.testing.assert_allclose(
