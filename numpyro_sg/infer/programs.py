@@ -31,8 +31,11 @@ __all__ = ["cached_program", "tree_signature", "placement_key", "enable_compilat
 
 #: environment variable: a directory for JAX's persistent compilation cache, enabled at import
 CACHE_ENV = "NUMPYRO_SG_COMPILATION_CACHE"
-#: programs kept in the process (least recently used dropped first)
-MAX_PROGRAMS = 256
+#: programs kept in the process (least recently used dropped first).  Each compiled XLA CPU
+#: executable holds memory mappings of its own; with 256 kept, a long process (a test suite, a
+#: notebook running many kernels) reached the kernel's limit (vm.max_map_count, 65,530) and
+#: crashed in XLA's compiler
+MAX_PROGRAMS = 32
 
 _programs: OrderedDict = OrderedDict()
 _lock = threading.Lock()
