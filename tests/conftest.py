@@ -3,15 +3,28 @@ import os
 # Two host devices so chain_method="parallel" really runs in parallel (must precede jax init).
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import numpyro  # noqa: E402
 import numpyro.distributions as dist  # noqa: E402
 import pytest  # noqa: E402
 from numpyro.infer import init_to_uniform  # noqa: E402
 
+from numpyro_sg.infer.programs import clear_programs  # noqa: E402
+
 # scripts run in subprocesses by tests/test_sharding.py (they read sys.argv and set their own
 # devices): not test modules, and --doctest-modules must not import them
 collect_ignore = ["multiprocess_checks.py", "sharded_checks.py"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop every compiled program after each test module.  Each XLA CPU executable holds memory
+    mappings of its own, and the suite compiles thousands in one process: kept to the end, they
+    reached the kernel's limit (vm.max_map_count, 65,530) and XLA's compiler crashed."""
+    yield
+    clear_programs()
+    jax.clear_caches()
 
 # The papers' kernels: absolute step sizes (no preconditioner), plain mini-batch gradients and
 # NumPyro's random start — what the tests of the papers' algorithms run.
