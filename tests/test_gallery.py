@@ -34,7 +34,7 @@ def test_data_load_offline_and_model_traces(path):
     module = _module(path)
     data = module.load(smoke=True)
     arrays = [d for d in data if hasattr(d, "shape")]
-    assert all(a.shape[0] == arrays[0].shape[0] > 100 for a in arrays)
+    assert all(a.shape[0] == arrays[0].shape[0] and a.size > 100 for a in arrays)
     kwargs = {}
     if path.stem == "flight_delays":
         kwargs = dict(num_carriers=len(data[3]), num_hours=len(data[4]), subsample_size=50)

@@ -27,9 +27,9 @@ from numpyro_sg.arviz_compat import set_group
 from numpyro_sg.infer.handlers import with_indices
 from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.model_info import trace_model
-from numpyro_sg.locals.model import MarginalModel
+from numpyro_sg.locals.model import MarginalModel, integrate_locals
 
-__all__ = ["local_posterior", "add_local_posterior", "joint_model", "compare_locals", "JOINT_MAX_DIM", "LOCAL_GROUP"]
+__all__ = ["local_posterior", "add_local_posterior", "joint_model", "marginal_of", "compare_locals", "JOINT_MAX_DIM", "LOCAL_GROUP"]
 
 #: NUTS on the joint model is refused above this many latent scalars (locals included)
 JOINT_MAX_DIM = 200_000
@@ -132,6 +132,14 @@ def joint_model(model, model_args=(), model_kwargs=None, max_dim: int = JOINT_MA
             "Use a marginal model with the locals integrated out in closed form, or fewer groups.")
     full = {p: jnp.arange(N) for p, (N, _) in info.subsample_plates.items()}
     return with_indices(base, full)
+
+
+def marginal_of(model, model_args=(), model_kwargs=None) -> MarginalModel:
+    """The prepared :class:`MarginalModel` of a model with local latents (its options kept when
+    ``model`` is one already): the model whose latent sites are the globals, as the gradient
+    kernels sample it."""
+    base = model.model if isinstance(model, MarginalModel) else model
+    return integrate_locals(model, trace_model(base, model_args, model_kwargs), model_args, model_kwargs)
 
 
 def compare_locals(local_group, reference_posterior) -> pd.DataFrame | None:

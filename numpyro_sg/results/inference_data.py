@@ -67,7 +67,7 @@ from numpyro_sg.results.chains import (
 )
 
 
-__all__ = ["to_inference_data", "attach_ksd", "cast_discrete", "preconditioner_name"]
+__all__ = ["to_inference_data", "attach_ksd", "score_and_attach_ksd", "cast_discrete", "preconditioner_name"]
 
 _KSD_OPTIONS = ("c", "beta", "statistic", "block_size")
 
@@ -206,7 +206,7 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     scores = _finish(idata, ModelScores(model, model_args, model_kwargs), sampling_time)
     diverged = _record_diverged(idata, mcmc)
     if ksd:
-        _attach_run_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options, diverged)
+        score_and_attach_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options, diverged)
     return idata
 
 
@@ -237,7 +237,7 @@ def _record_diverged(idata, mcmc) -> list:
     return diverged
 
 
-def _attach_run_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options, diverged=()):
+def score_and_attach_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options, diverged=()):
     """Score the run's draws and :func:`attach_ksd` (scales and pooled KSD without the
     ``diverged`` chains), recording the time it took."""
     start = time.perf_counter()
