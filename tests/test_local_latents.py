@@ -183,6 +183,27 @@ def test_nuts_reference_runs_on_the_joint_model_and_refuses_an_unaffordable_one(
         joint_model(glmm_random_intercept_model, args, max_dim=10)
 
 
+def test_compare_to_reference_puts_both_ksds_on_the_globals_marginal():
+    """A locals run (globals only) against NUTS on the joint model (globals and locals): the
+    reference's KSD is scored on the globals' marginal, so both KSDs exist on one scale, and a
+    run whose draws are shifted by 3 NUTS sds has the larger one."""
+    X, Y, M = simulate_linear_mixed(G=60, seed=3)
+    ref = nsg.nuts_reference(linear_mixed_model, X, Y, M, 20, num_warmup=200, num_samples=300,
+                             progress_bar=False, ksd_draws=150)
+    assert ref.sample_stats.attrs["ksd_of"].startswith("the globals' marginal")
+    assert "b" not in set(ref.stein["site"].values) and "b" in ref.posterior
+    mc = MCMC(nsg.SGLD(linear_mixed_model), num_warmup=200, num_samples=600, progress_bar=False)
+    mc.run(jax.random.PRNGKey(0), X, Y, M, 20)
+    run = nsg.to_inference_data(mc, ksd_draws=150, check=False)
+    table = nsg.compare_to_reference(run, ref)
+    assert np.isfinite(table.attrs["ksd"]) and np.isfinite(table.attrs["ksd_reference"])
+    assert list(run.stein["coordinate"].values) == list(ref.stein["coordinate"].values)
+    shifted = {k: np.asarray(run.posterior[k].values)[0] for k in ("beta", "sigma", "tau")}
+    shifted["beta"] = shifted["beta"] + 3 * np.asarray(ref.posterior["beta"].std(("chain", "draw")))
+    far = nsg.compare_to_reference(shifted, ref, model=linear_mixed_model, model_args=(X, Y, M, 20))
+    assert table.attrs["ksd"] < far.attrs["ksd"], (table.attrs, far.attrs)
+
+
 @pytest.mark.slow
 def test_poisson_random_intercepts_match_nuts_on_the_joint_model():
     """400 groups, subsample 20, SGLD with importance-sampled locals against NUTS on the joint

@@ -34,15 +34,19 @@ _INDEXED = re.compile(r"^(?P<name>[^\[\]]+)\[(?P<index>[0-9,]+)\]$")
 
 
 def posteriordb_dir() -> Path:
-    """The reference folder: ``$NUMPYRO_SG_POSTERIORDB``, else ``../shared/reference/posteriordb``
-    beside a source checkout of this package.
+    """The reference folder: ``$NUMPYRO_SG_POSTERIORDB``, else ``shared/reference/posteriordb``
+    inside a source checkout of this package or beside it (``../shared/…``), the first that
+    exists.
 
-    The path is returned whether or not it exists; callers check.
+    The path is returned whether or not it exists (the one inside the checkout when neither
+    does); callers check.
     """
     env = os.environ.get(ENV_VAR)
     if env:
         return Path(env).expanduser().resolve()
-    return Path(__file__).resolve().parents[2] / "shared" / "reference" / "posteriordb"
+    checkout = Path(__file__).resolve().parents[2]
+    candidates = [root / "shared" / "reference" / "posteriordb" for root in (checkout, checkout.parent)]
+    return next((path for path in candidates if path.is_dir()), candidates[0])
 
 
 def _read_zipped_json(path: Path):

@@ -134,10 +134,10 @@ def joint_model(model, model_args=(), model_kwargs=None, max_dim: int = JOINT_MA
     return with_indices(base, full)
 
 
-def marginal_of(model, model_args=(), model_kwargs=None) -> MarginalModel:
-    """The prepared :class:`MarginalModel` of a model with local latents (its options kept when
-    ``model`` is one already): the model whose latent sites are the globals, as the gradient
-    kernels sample it."""
+def marginal_of(model, model_args=(), model_kwargs=None):
+    """The model as the gradient kernels sample it: the prepared :class:`MarginalModel` of a model
+    with local latents (its options kept when ``model`` is one already), ``model`` itself when it
+    has none (its latent sites are then all globals)."""
     base = model.model if isinstance(model, MarginalModel) else model
     return integrate_locals(model, trace_model(base, model_args, model_kwargs), model_args, model_kwargs)
 

@@ -137,20 +137,26 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
             idata = from_netcdf(path)
             idata.posterior.attrs["cache_file"] = str(path)
             return idata
-    joint = joint_model(model, model_args, model_kwargs)  # local latents: NUTS on the joint
-    mcmc = MCMC(NUTS(full_data_model(model if joint is None else joint, model_args, model_kwargs),
-                     **nuts_kwargs),
-                num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
-                chain_method=chain_method, progress_bar=progress_bar)
-    if joint is None:
-        idata = _timed_run(mcmc, rng_key, model, model_args, model_kwargs, ksd_draws)
-    else:  # KSD of the globals' marginal: the distribution the gradient kernels sample
-        idata = _timed_run(mcmc, rng_key, joint, model_args, model_kwargs, ksd_draws, ksd=False)
-        marginal = marginal_of(model, model_args, model_kwargs)
-        score_and_attach_ksd(idata, mcmc, ModelScores(marginal, model_args, model_kwargs), ksd_draws, "sd", {})
-        idata.sample_stats.attrs["ksd_of"] = "the globals' marginal (local latents integrated out)"
+    idata = _run_nuts(model, model_args, model_kwargs, rng_key, ksd_draws, nuts_kwargs,
+                      dict(num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
+                           chain_method=chain_method, progress_bar=progress_bar))
     if path is not None:
         _save(idata, path)
+    return idata
+
+
+def _run_nuts(model, model_args, model_kwargs, rng_key, ksd_draws, nuts_kwargs, mcmc_kwargs):
+    """NUTS on the full-data model (the joint one for a model with local latents, whose KSD is
+    then the globals' marginal's: the distribution the gradient kernels sample), converted."""
+    joint = joint_model(model, model_args, model_kwargs)
+    mcmc = MCMC(NUTS(full_data_model(model if joint is None else joint, model_args, model_kwargs),
+                     **nuts_kwargs), **mcmc_kwargs)
+    if joint is None:
+        return _timed_run(mcmc, rng_key, model, model_args, model_kwargs, ksd_draws)
+    idata = _timed_run(mcmc, rng_key, joint, model_args, model_kwargs, ksd_draws, ksd=False)
+    marginal = marginal_of(model, model_args, model_kwargs)
+    score_and_attach_ksd(idata, mcmc, ModelScores(marginal, model_args, model_kwargs), ksd_draws, "sd", {})
+    idata.sample_stats.attrs["ksd_of"] = "the globals' marginal (local latents integrated out)"
     return idata
 
 
@@ -329,8 +335,8 @@ def _comparison_table(x: dict, r: dict, t_run: float, t_ref: float) -> pd.DataFr
 def _common_scale_ksd(run, ref, model, model_args, model_kwargs, ksd_draws) -> dict:
     """KSD of run and reference, both with the reference's sd as preconditioner."""
     scores = None
-    if model is not None:
-        scores = ModelScores(model, model_args or (), model_kwargs)
+    if model is not None:  # local latents: the globals' marginal, as the kernels sample it
+        scores = ModelScores(marginal_of(model, model_args or (), model_kwargs), model_args or (), model_kwargs)
     if has_group(run, STEIN_GROUP):
         run_stein = get_group(run, STEIN_GROUP)
     elif scores is not None:
