@@ -191,6 +191,20 @@ def check_posteriors():
     return out
 
 
+def check_one_device():
+    """The multi-device recipe on a mesh of one device (Explicit axes): it runs, and its SGLD
+    draws match the unsharded ones' (same keys)."""
+    X, y = data()
+    one = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",), axis_types=(AxisType.Explicit,))
+    rows = NamedSharding(one, P("data"))
+    mcmc = MCMC(_kernel("SGLD"), num_warmup=500, num_samples=2000, num_chains=4, chain_method="vectorized",
+                progress_bar=False, jit_model_args=True)
+    mcmc.run(jax.random.PRNGKey(0), jax.device_put(X, rows), jax.device_put(y, rows))
+    draws, ref = np.asarray(mcmc.get_samples()["theta"], np.float64), _draws("SGLD", X, y)
+    sd = ref.std(0)
+    return {"mean_diff_sd": ((draws.mean(0) - ref.mean(0)) / sd).tolist(), "sd_ratio": (draws.std(0) / sd).tolist()}
+
+
 def _error(fn) -> str:
     try:
         fn()

@@ -78,6 +78,15 @@ def test_sharded_and_unsharded_posteriors_agree():
         assert np.all(np.abs(np.array(r["sd_ratio"]) - 1) < 0.05), (name, r)
 
 
+def test_the_recipe_runs_on_a_mesh_of_one_device():
+    """Rows placed on a one-device mesh with Explicit axes (what ``jax.make_mesh`` gives on a
+    machine with one device) once failed in the warmup with a sharding type error; now one shard.
+    Same tolerances as the four-device comparison."""
+    r = _check("one_device")
+    assert np.all(np.abs(r["mean_diff_sd"]) < 0.05), r
+    assert np.all(np.abs(np.array(r["sd_ratio"]) - 1) < 0.05), r
+
+
 def test_clear_errors_and_a_two_axis_mesh():
     out = _check("errors")
     assert "jit_model_args=True" in out["jit_model_args"]

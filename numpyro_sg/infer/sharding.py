@@ -71,8 +71,9 @@ def _row_axes(leaf):
             "axis) may be split over the mesh, e.g. NamedSharding(mesh, P('data')).")
     if spec[0] is None:
         return None
-    axes = spec[0] if isinstance(spec[0], tuple) else (spec[0],)
-    return axes if np.prod([sharding.mesh.shape[a] for a in axes]) > 1 else None
+    # a mesh of one device counts too: its arrays carry the mesh's axis types (Explicit ones
+    # cannot enter the single-device programs), and one shard runs the same code as D
+    return spec[0] if isinstance(spec[0], tuple) else (spec[0],)
 
 
 @dataclass(frozen=True)
@@ -157,8 +158,9 @@ class DataShards:
 
 
 def find_data_shards(model_args, model_kwargs, plates) -> DataShards | None:
-    """The :class:`DataShards` of the model arguments, or ``None`` when no row of the data is
-    split over several devices (the usual single-device path then runs unchanged).
+    """The :class:`DataShards` of the model arguments, or ``None`` when no data array has its rows
+    placed on a mesh axis (the usual single-device path then runs unchanged; rows placed on a
+    mesh of one device give one shard, so the recipe for D devices runs on one as well).
 
     Raises a clear error for layouts the kernels cannot sample: data split over different
     meshes or axes, several subsample plates, a split array whose rows are not the plate's
