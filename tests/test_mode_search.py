@@ -2,6 +2,8 @@
 an improper prior (``dist.ImproperUniform``, which has no prior draw) and a multimodal,
 label-switching posterior (a Gaussian mixture)."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -210,3 +212,20 @@ def test_variational_centre_sits_in_the_bulk_where_the_joint_mode_collapses():
 def test_centre_option_is_checked():
     with pytest.raises(ValueError, match="centre='laplace'"):
         WarmupOptions(centre="laplace")
+
+
+def test_starts_stopped_on_a_slope_are_not_called_local_modes():
+    """A linear mixed model: prior draws of β ~ N(0, 10²) start far out, where a variance is far
+    too large and the likelihood flat, and some starts stop there, 300–3,000 nats below the mode
+    but still climbing (predicted further ascent 80–2,300 nats); no multimodality warning."""
+    from numpyro_sg.datasets.mixed import linear_mixed_model, simulate_linear_mixed
+
+    X, Y, M = simulate_linear_mixed(G=200)
+    kernel = nsg.SGLD(linear_mixed_model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        MCMC(kernel, num_warmup=10, num_samples=10, progress_bar=False).run(jax.random.PRNGKey(0), X, Y, M, 20)
+    assert not [w for w in caught if "multimodal" in str(w.message)]
+    fit = kernel.mode_fit
+    far = np.asarray(fit.log_density) - np.asarray(fit.start_log_densities) > 100
+    assert far.sum() >= 3 and np.all(np.asarray(fit.start_ascents)[far] > WarmupOptions().multimodal_gap)

@@ -23,6 +23,7 @@ __all__ = [
     "hutchinson_diagonal",
     "whitened_top_eigenvalue",
     "noise_heat_of",
+    "predicted_ascent",
     "positive_curvature",
     "laplace_preconditioner",
     "dense_or_fallback",
@@ -69,6 +70,20 @@ def whitened_top_eigenvalue(neg_hvp, scale, key, num_iterations: int = 60) -> fl
             return 1.0
         v = w / norm
     return max(lam, 1.0)
+
+
+def predicted_ascent(grad, neg_h) -> float:
+    """½·Σ_j g_j²/|h_jj|: how far log π would climb from a point with gradient g by a Newton step
+    per coordinate, with the curvature's magnitudes |h_jj| of −H (d, d) or of its diagonal (d,)
+    (the Newton decrement with the diagonal of |−H|; magnitudes, so that a point where −H is not
+    positive definite — a slope, a saddle — has an answer too); ``inf`` where some |h_jj| is 0
+    or the result is not finite.  Small at a local maximum; large on a slope that is still
+    climbing (a large gradient for its curvature)."""
+    g, h = np.asarray(grad, np.float64), np.abs(np.asarray(neg_h, np.float64))
+    h = np.diag(h) if h.ndim == 2 else h
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = 0.5 * float(np.sum(g**2 / h))
+    return value if np.isfinite(value) else np.inf
 
 
 def noise_heat_of(tau_working) -> float:

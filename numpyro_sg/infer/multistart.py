@@ -28,9 +28,11 @@ from jax import random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer import init_to_sample
 
+from numpyro_sg.infer.curvature import predicted_ascent
 from numpyro_sg.infer.model_info import ModelInfo, improper_to_uniform, trace_model
 
-__all__ = ["prior_or_uniform", "start_candidates", "explore_starts", "usual_start", "break_symmetry"]
+__all__ = ["prior_or_uniform", "start_candidates", "explore_starts", "start_ascents", "usual_start",
+           "break_symmetry"]
 
 
 def prior_or_uniform(site):
@@ -123,7 +125,7 @@ def explore_starts(starts, adam_many, full_value_and_grad, key, steps: int):
     :param key: key of the mini-batches.
     :param int steps: Adam steps per start.
     :return: ``(best point (d,), log densities of the S end points (non-finite: -inf),
-        their full-data gradients (S, d))``.
+        their full-data gradients (S, d), the end points (S, d))``.
     """
     # the end points on the host: rows of a NumPy array feed the same compiled program as the
     # device rows did, without compiling an unstack and a slice per shape
@@ -137,5 +139,18 @@ def explore_starts(starts, adam_many, full_value_and_grad, key, steps: int):
         grads.append(grad if ok else np.full_like(grad, np.inf))
     values = np.asarray(values)
     if not np.any(np.isfinite(values)):
-        return np.asarray(starts)[0], values, np.asarray(grads)
-    return ends[int(np.argmax(values))], values, np.asarray(grads)
+        return np.asarray(starts)[0], values, np.asarray(grads), ends
+    return ends[int(np.argmax(values))], values, np.asarray(grads), ends
+
+
+def start_ascents(values, grads, ends, curvature, best_value: float, gap: float) -> tuple:
+    """How much further each start's end point would climb,
+    :func:`~numpyro_sg.infer.curvature.predicted_ascent` (½·Σ g_j²/|h_jj|) there.  Computed only
+    for the ends more than ``gap`` nats below ``best_value`` (the candidates for another mode;
+    0 for the others, ``inf`` for non-finite ones); ``curvature(x)`` gives −H (d, d) or
+    −diag H (d,) at x."""
+    out = []
+    for value, grad, x in zip(values, grads, ends):
+        far = np.isfinite(value) and best_value - value > gap
+        out.append(predicted_ascent(grad, curvature(x)) if far else (0.0 if np.isfinite(value) else np.inf))
+    return tuple(out)

@@ -64,10 +64,11 @@ from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.laplace import NewtonResult, damped_newton
 from numpyro_sg.infer.minibatch import Anchor, Minibatcher, noise_groups
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
-from numpyro_sg.infer.multistart import break_symmetry, explore_starts, start_candidates, usual_start
+from numpyro_sg.infer.multistart import (break_symmetry, explore_starts, start_ascents, start_candidates,
+                                         usual_start)
 from numpyro_sg.infer.plates import subsample_plates
 from numpyro_sg.infer.programs import placement_key, tree_signature
-from numpyro_sg.infer.preconditioner import Preconditioner, from_working, to_working
+from numpyro_sg.infer.preconditioner import Preconditioner, from_working
 from numpyro_sg.infer.sharding import auto_view
 from numpyro_sg.infer.variational import variational_adam
 from numpyro_sg.infer.warmup_options import ModeFit, WarmupOptions
@@ -297,7 +298,7 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
     dense = d <= options.dense_max
     with tqdm(total=3 + options.newton_steps, desc="warmup: mode search", leave=False,
               disable=not options.show_progress()) as bar:
-        x, start_values, start_grads = _optimise(programs, info, d, dtype, key_opt, key_probe, bar)
+        x, starts = _optimise(programs, info, d, dtype, key_opt, key_probe, bar)
         bar.set_postfix_str("Newton")
         if dense:
             def curvature(y):
@@ -316,10 +317,9 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
         mode=jnp.asarray(x, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value),
         preconditioner=precond, converged=newton.converged, newton_steps=newton.steps,
         seconds=time.perf_counter() - start_time, stiffness=float(stiffness),
-        noise_heat=float(noise_heat), start_log_densities=tuple(float(v) for v in start_values),
-        start_gradient_norms=tuple(float(np.linalg.norm(to_working(precond, jnp.asarray(g, dtype))))
-                                   for g in start_grads),
-    )
+        noise_heat=float(noise_heat), start_log_densities=tuple(float(v) for v in starts[0]),
+        start_ascents=start_ascents(*starts, programs.dense_curvature if dense else lambda y: programs.diagonal_curvature(
+            y, key_probe), float(value), options.multimodal_gap))
 
 
 def _variational_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe,
@@ -341,13 +341,13 @@ def _variational_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, 
 
 def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe, bar):
     """The start and the stochastic optimisation (module docstring, step 1), after the
-    multi-start phase (:mod:`~numpyro_sg.infer.multistart`): ``(point, the starts' end log
-    densities and full-data gradients)``; ``bar`` the progress bar."""
+    multi-start phase (:mod:`~numpyro_sg.infer.multistart`): ``(point, (the starts' end log
+    densities, full-data gradients, end points))``; ``bar`` the progress bar."""
     options, mb = programs.options, programs.mb
     x = usual_start(programs.full_value_and_grad, info, d, dtype, random.fold_in(key_probe, 1),
                options.symmetry_jitter)
     steps, batches = options.optimizer_plan(d, [(p.size, p.subsample_size) for p in mb.plates])
-    values, grads = (), ()
+    values, grads, ends = (), (), ()
     num_starts = options.num_starts
     if num_starts > 1 and options.start_steps > 0 and steps > 0:
         bar.set_postfix_str(f"{num_starts} starts")
@@ -355,7 +355,7 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         starts = start_candidates(x, info, model_args, model_kwargs, num_starts,
                                   random.fold_in(key_opt, 3))
         small = {p.size: min(p.subsample_size, options.start_batch_size) for p in mb.plates}
-        x, values, grads = explore_starts(
+        x, values, grads, ends = explore_starts(
             starts, lambda xs, keys, n: programs.adam_many(xs, keys, n, small),
             programs.full_value_and_grad, random.fold_in(key_opt, 4), options.start_steps)
     bar.update(1)
@@ -363,7 +363,7 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         bar.set_postfix_str("optimizer")
         x = programs.adam(x, key_opt, steps, batches)
     bar.update(1)
-    return x, values, grads
+    return x, (values, grads, ends)
 
 
 def fit_model_mode(model, model_args=(), model_kwargs=None, options: WarmupOptions | None = None):
