@@ -202,6 +202,29 @@ def test_compare_to_reference_puts_both_ksds_on_the_globals_marginal():
     shifted["beta"] = shifted["beta"] + 3 * np.asarray(ref.posterior["beta"].std(("chain", "draw")))
     far = nsg.compare_to_reference(shifted, ref, model=linear_mixed_model, model_args=(X, Y, M, 20))
     assert table.attrs["ksd"] < far.attrs["ksd"], (table.attrs, far.attrs)
+    # a reference of the model with a plain plate (subsample_size=None: no local detected) is
+    # scored on the joint model; given the run's model, compare scores it on the marginal
+    def plain_plate(X, Y, M, subsample_size=None):
+        return linear_mixed_model(X, Y, M, subsample_size) if subsample_size else _joint(X, Y, M)
+
+    joint = nsg.nuts_reference(plain_plate, X, Y, M, num_warmup=200, num_samples=300,
+                               progress_bar=False, ksd_draws=150)
+    assert "b" in set(joint.stein["site"].values)
+    with pytest.raises(ValueError, match="pass model="):
+        nsg.compare_to_reference(run, joint)
+    rescored = nsg.compare_to_reference(run, joint, model=plain_plate, model_args=(X, Y, M, 20))
+    assert np.isfinite(rescored.attrs["ksd_reference"])
+
+
+def _joint(X, Y, M):
+    """:func:`linear_mixed_model` with a plain plate over the groups (all of them, no subsample)."""
+    beta = numpyro.sample("beta", dist.Normal(0, 10).expand([2]).to_event(1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    tau = numpyro.sample("tau", dist.HalfNormal(1.0).expand([2]).to_event(1))
+    with numpyro.plate("groups", X.shape[0]):
+        b = numpyro.sample("b", dist.Normal(0, tau).to_event(1))
+        mu = beta[0] + b[:, :1] + (beta[1] + b[:, 1:]) * X
+        numpyro.sample("y", dist.Normal(mu, sigma).mask(M).to_event(1), obs=Y)
 
 
 @pytest.mark.slow

@@ -99,11 +99,9 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
     NumPyro's ``NUTS`` runs on it, and the result comes back as ``InferenceData`` made by
     :func:`numpyro_sg.to_inference_data` (full-data observed data, KSD and scored draws in the
     ``stein`` group), with the wall time of the run (compilation included) as
-    ``posterior.attrs["sampling_time"]``.  A model with local latent variables (latent sites
-    inside a subsample plate) is sampled jointly, every group's locals included; its KSD and
-    ``stein`` group are then those of the globals' marginal posterior (locals integrated out,
-    as the gradient kernels sample it), so that :func:`compare_to_reference` can put the two
-    KSDs side by side.
+    ``posterior.attrs["sampling_time"]``.  A model with local latents (latent sites inside a
+    subsample plate) is sampled jointly, every group's locals included, and its KSD and ``stein``
+    group are the globals' marginal's (locals integrated out, as the gradient kernels sample it).
 
     :param model: the NumPyro model (with or without subsample plates).
     :param model_args: the model's positional arguments (the data).
@@ -225,14 +223,18 @@ def _sampling_time(idata) -> float:
     return float(idata.posterior.attrs.get("sampling_time", np.nan))
 
 
+def _draws(idata) -> dict:
+    """The posterior's draws ``{site: (chains, draws, …)}`` as NumPy arrays."""
+    return {k: np.asarray(v.values) for k, v in idata.posterior.data_vars.items()}
+
+
 def _reference_stein(reference, scores: ModelScores | None, max_draws):
     """The reference's scored draws: stored, or computed from the model."""
     if has_group(reference, STEIN_GROUP):
         return get_group(reference, STEIN_GROUP)
     if scores is None:
         return None
-    samples = {k: np.asarray(v.values) for k, v in reference.posterior.data_vars.items()}
-    return stein_dataset(samples, scores, max_draws)
+    return stein_dataset(_draws(reference), scores, max_draws)
 
 
 def compare_to_reference(idata, reference, *, var_names=None, reference_names: dict | None = None,
@@ -340,15 +342,19 @@ def _common_scale_ksd(run, ref, model, model_args, model_kwargs, ksd_draws) -> d
     if has_group(run, STEIN_GROUP):
         run_stein = get_group(run, STEIN_GROUP)
     elif scores is not None:
-        samples = {k: np.asarray(v.values) for k, v in run.posterior.data_vars.items()}
-        run_stein = stein_dataset(samples, scores, ksd_draws)
+        run_stein = stein_dataset(_draws(run), scores, ksd_draws)
     else:
         run_stein = None
     ref_stein = _reference_stein(ref, scores, ksd_draws)
     if run_stein is None or ref_stein is None:
         return {"ksd": np.nan, "ksd_reference": np.nan, "ksd_note": "pass model= to score"}
     if list(run_stein["coordinate"].values) != list(ref_stein["coordinate"].values):
-        raise ValueError("the run and the reference have different unconstrained coordinates.")
+        if scores is None or not has_group(run, LOCAL_GROUP):
+            raise ValueError("the run and the reference have different unconstrained coordinates; for a run "
+                             "with local latents pass model=, model_args= (the run's) to score both on the "
+                             "globals' marginal, or ksd=False.")
+        # the reference's draws of the globals, scored on the run's (marginal) model
+        ref_stein = stein_dataset(_draws(ref), scores, ksd_draws)
     x_ref, _ = stein_arrays(ref_stein)
     scales = x_ref.reshape(-1, x_ref.shape[-1]).std(axis=0, ddof=1)
     options = {
