@@ -300,14 +300,11 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
               disable=not options.show_progress()) as bar:
         x, starts = _optimise(programs, info, d, dtype, key_opt, key_probe, bar)
         bar.set_postfix_str("Newton")
-        if dense:
-            def curvature(y):
-                bar.update(1)
-                return programs.dense_curvature(y)
-        else:
-            def curvature(y):
-                bar.update(1)
-                return programs.diagonal_curvature(y, key_probe)
+        raw_curvature = programs.dense_curvature if dense else lambda y: programs.diagonal_curvature(y, key_probe)
+
+        def curvature(y):
+            bar.update(1)
+            return raw_curvature(y)
         newton = _newton(programs.full_value_and_grad, x, curvature, options, dense, dtype)
         (x, (value, grad)) = newton.point, newton.state
         bar.set_postfix_str("preconditioner")
@@ -318,8 +315,7 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
         preconditioner=precond, converged=newton.converged, newton_steps=newton.steps,
         seconds=time.perf_counter() - start_time, stiffness=float(stiffness),
         noise_heat=float(noise_heat), start_log_densities=tuple(float(v) for v in starts[0]),
-        start_ascents=start_ascents(*starts, programs.dense_curvature if dense else lambda y: programs.diagonal_curvature(
-            y, key_probe), float(value), options.multimodal_gap))
+        start_ascents=start_ascents(*starts, raw_curvature, float(value), options.multimodal_gap))
 
 
 def _variational_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe,
