@@ -39,7 +39,7 @@ def test_data_load_offline_and_model_traces(path):
     if path.stem == "flight_delays":
         kwargs = dict(num_carriers=len(data[3]), num_hours=len(data[4]), subsample_size=50)
     elif path.stem == "movielens_ratings":
-        kwargs = dict(num_users=int(data[0].max()) + 1, num_movies=len(data[3]), subsample_size=50)
+        kwargs = dict(num_users=int(data[0].max()) + 1, subsample_size=50)
     trace = handlers.trace(handlers.seed(module.model, jax.random.PRNGKey(0))).get_trace(*arrays, **kwargs)
     observed = [s for s in trace.values() if s["type"] == "sample" and s["is_observed"]]
     assert len(observed) == 1

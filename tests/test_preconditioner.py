@@ -216,3 +216,36 @@ def test_laplace_misfit_is_small_for_laplace_draws_and_large_otherwise(form):
     var = np.var(draws, 0, ddof=1)
     assert laplace_misfit(P, mode, draws.mean(0), var) == pytest.approx(
         laplace_misfit(P, mode, draws.mean(0), np.diag(var)))
+
+
+def test_misfit_report_allows_for_the_sampling_noise_of_many_dimensions():
+    """300 exact draws (2 chains) of a 200-dimensional Gaussian that the Laplace approximation
+    fits: their sample covariance's whitened eigenvalues spread over about (1 ± √(200/300))²
+    ≈ [0.03, 3.3] (Marchenko–Pastur), below the raw lower limit 0.25, so the report would call a
+    perfect fit a misfit; with the sampling-noise allowance it says nothing.  The same draws
+    shifted by 10 Laplace sds along one coordinate are still reported."""
+    from types import SimpleNamespace
+
+    from numpyro_sg.kernels.gradient import GradientKernel
+    from numpyro_sg.kernels.report import misfit_report
+
+    d, draws = 200, 300
+    rng = np.random.default_rng(0)
+    L = np.tril(0.1 * rng.normal(size=(d, d))) + np.eye(d)
+    fit = SimpleNamespace(preconditioner=Preconditioner(chol=jnp.asarray(L, jnp.float32)), mode=np.zeros(d))
+    limits = (GradientKernel.MISFIT_OFFSET, GradientKernel.MISFIT_EIGENVALUES)
+
+    def report(x):
+        chains = np.split(x, 2)
+        counts = np.array([len(c) for c in chains], np.float64)
+        means = np.stack([c.mean(0) for c in chains])
+        m2s = np.stack([(c - c.mean(0)).T @ (c - c.mean(0)) for c in chains])
+        return misfit_report(fit, counts, means, m2s, limits)
+
+    z = rng.normal(size=(draws, d))
+    _, low, _ = laplace_misfit(fit.preconditioner, fit.mode, (z @ L.T).mean(0), np.cov((z @ L.T).T))
+    assert low < limits[1][0], low       # the raw limits would flag these exact draws
+    assert report(z @ L.T) == []
+    shift = np.zeros(d)
+    shift[3] = 10.0
+    assert len(report((z + shift) @ L.T)) == 1

@@ -13,6 +13,7 @@ from conftest import linear_model, logistic_model
 from scipy import optimize, stats
 
 import numpyro_sg as nsg
+from numpyro_sg.infer import curvature
 from numpyro_sg.infer.laplace import damped_newton_step, laplace_approximation, laplace_scales
 from numpyro_sg.infer.warmup import (
     WarmupOptions,
@@ -136,16 +137,21 @@ def shifted_linear_model(X, y=None, n=100):
         numpyro.sample("y", dist.Normal(b0 + Xb @ beta, 1.0), obs=yb)
 
 
-def test_mode_search_on_a_conjugate_gaussian_is_the_exact_posterior():
+@pytest.mark.parametrize("d", [3, 80])
+def test_mode_search_on_a_conjugate_gaussian_is_the_exact_posterior(d, monkeypatch):
     """Posterior N(m, S) with S = (ZᵀZ + diag(prior precisions))⁻¹, m = S·Zᵀy, Z = [1, X].  The
     log posterior is quadratic: one Newton step lands on the mode and the next one confirms it,
     so exactly 2 steps; mode within 1e-3 sd (float32 gradient of N = 1,000 rows at a start 40
     posterior sd·1000 away: relative rounding ≈ 1e-6 of the step), L·Lᵀ = S (rtol 1e-3) and
-    log π(mode) the closed-form value (float32 sum over 1,000 rows: rtol 1e-5)."""
+    log π(mode) the closed-form value (float32 sum over 1,000 rows: rtol 1e-5).  With d = 80
+    the memory budget is cut to nothing, so −H is assembled one Hessian-vector product at a
+    time (the path that keeps large models' dense Hessians within memory)."""
+    if d > 64:
+        monkeypatch.setattr(curvature, "HESSIAN_MEMORY", 1)
     rng = np.random.default_rng(3)
-    N, d = 1000, 3
+    N = 1000
     X = rng.normal(size=(N, d)).astype(np.float32)
-    y = (40.0 + X @ np.array([0.5, -1.0, 2.0]) + rng.normal(size=N)).astype(np.float32)
+    y = (40.0 + X @ np.resize([0.5, -1.0, 2.0], d) + rng.normal(size=N)).astype(np.float32)
     Z = np.column_stack([np.ones(N), X]).astype(np.float64)
     prec = Z.T @ Z + np.diag([B0_SD**-2] + [BETA_SD**-2] * d)
     S = np.linalg.inv(prec)
@@ -166,6 +172,21 @@ def test_mode_search_on_a_conjugate_gaussian_is_the_exact_posterior():
     log_post = (stats.norm.logpdf(m[0], 0, B0_SD) + stats.norm.logpdf(m[1:], 0, BETA_SD).sum()
                 + stats.norm.logpdf(y, Z @ m, 1.0).sum())
     assert fit.log_density == pytest.approx(log_post, rel=1e-5)
+
+
+def test_hessian_from_blocks_of_products_is_the_hessian():
+    """Any block size gives jax.hessian's matrix (float32 products: rtol 1e-5); the block sizes
+    follow the memory budget, clipped to 1..d."""
+    A = np.random.default_rng(0).normal(size=(10, 10)).astype(np.float32)
+    f = lambda x: jnp.sum(jnp.sin(A @ x)) + x @ x   # noqa: E731
+    x0 = jnp.linspace(-1.0, 1.0, 10)
+    products = jax.vmap(lambda v: jax.jvp(jax.grad(f), (x0,), (v,))[1])
+    for block in (1, 3, 10):
+        np.testing.assert_allclose(curvature.hessian_from_products(products, 10, block, x0.dtype),
+                                   jax.hessian(f)(x0), rtol=1e-5, atol=1e-5)
+    assert curvature.columns_within_memory(10**6, 500, budget=10**8) == 100
+    assert curvature.columns_within_memory(10**9, 500, budget=10**8) == 1
+    assert curvature.columns_within_memory(1, 500, budget=10**8) == 500
 
 
 def test_laplace_preconditioner_factors_the_inverse():

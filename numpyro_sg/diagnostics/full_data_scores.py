@@ -24,6 +24,7 @@ from numpyro import handlers
 from numpyro.distributions.transforms import biject_to
 from numpyro.infer.util import potential_energy, unconstrain_fn
 
+from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.minibatch import discover_plates, full_data
 from numpyro_sg.infer.model_info import improper_to_uniform
 
@@ -108,8 +109,9 @@ class ModelScores:
         flat, self._unravel = ravel_pytree(example)  # shapes only; see unconstrain()
         self.dim = int(flat.size)
         self.coordinate_names, self.coordinate_sites = _flat_names(example)
-        self._unconstrain_block = jax.jit(jax.vmap(self._unconstrain_one))
-        self._score_block = jax.jit(jax.vmap(lambda b, d: self._score_one(b["x"], d)))
+        # vmap over a block's draws, or lax.map where jaxlib's LAPACK could deadlock (lapack_guard)
+        self._unconstrain_block = jax.jit(lambda c, d: map_over_draws(self._unconstrain_one, c, d))
+        self._score_block = jax.jit(lambda b, d: map_over_draws(lambda bb, dd: self._score_one(bb["x"], dd), b, d))
 
     def _static_sites(self):
         """Name → {shape, discrete, unconstrained_shape} of every latent sample site (one cheap trace)."""

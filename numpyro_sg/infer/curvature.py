@@ -24,6 +24,8 @@ __all__ = [
     "whitened_top_eigenvalue",
     "noise_heat_of",
     "predicted_ascent",
+    "columns_within_memory",
+    "hessian_from_products",
     "positive_curvature",
     "laplace_preconditioner",
     "dense_or_fallback",
@@ -70,6 +72,25 @@ def whitened_top_eigenvalue(neg_hvp, scale, key, num_iterations: int = 60) -> fl
             return 1.0
         v = w / norm
     return max(lam, 1.0)
+
+
+#: bytes of temporaries one block of Hessian-vector products may take (dense Hessians)
+HESSIAN_MEMORY = 2**31
+
+
+def columns_within_memory(bytes_per_column: int, d: int, budget: int | None = None) -> int:
+    """How many Hessian columns (Hessian-vector products) to compute at once, 1 to d, when one
+    takes ``bytes_per_column`` bytes of temporaries (``budget``: default ``HESSIAN_MEMORY``)."""
+    budget = HESSIAN_MEMORY if budget is None else budget
+    return int(np.clip(budget // max(int(bytes_per_column), 1), 1, d))
+
+
+def hessian_from_products(products, d: int, block: int, dtype) -> np.ndarray:
+    """H (d, d) float64 from ``products(V)`` = (H·v for the rows v of V), ``block`` columns at
+    a time (the last block padded with zero rows)."""
+    eye = np.eye(-(-d // block) * block, d, dtype=dtype)
+    return np.concatenate([np.asarray(products(eye[i:i + block]), np.float64)
+                           for i in range(0, d, block)])[:d]
 
 
 def predicted_ascent(grad, neg_h) -> float:

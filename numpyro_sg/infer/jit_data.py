@@ -28,6 +28,7 @@ def jit_with_data(fn, model_args, model_kwargs, key=None):
     compiled program is shared by every call with the same key and the same static leaves:
     ``key`` must then determine everything ``fn`` computes besides its arguments and the data
     (``fn`` closes over no array), so that data of the same shapes reuse one compilation.
+    ``g.temp_bytes(*args)`` is the compiled program's temporary memory at those arguments.
     """
     leaves, treedef = jax.tree.flatten((model_args, model_kwargs))
     dynamic = tuple(is_data(x) for x in leaves)
@@ -47,4 +48,10 @@ def jit_with_data(fn, model_args, model_kwargs, key=None):
         compiled = build()
     else:
         compiled = cached_program(("jit_with_data", key, treedef, dynamic, static), build)
-    return lambda *args: compiled(args, arrays)
+
+    def run(*args):
+        return compiled(args, arrays)
+
+    # bytes of temporaries the program needs at these arguments (compiles it once more)
+    run.temp_bytes = lambda *args: compiled.lower(args, arrays).compile().memory_analysis().temp_size_in_bytes
+    return run

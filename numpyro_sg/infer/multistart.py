@@ -143,6 +143,11 @@ def explore_starts(starts, adam_many, full_value_and_grad, key, steps: int):
     return ends[int(np.argmax(values))], values, np.asarray(grads), ends
 
 
+#: up to this many coordinates :func:`start_ascents` uses the exact Hessian's diagonal (d
+#: Hessian-vector products per end point); above, Hutchinson's estimate (16 products)
+EXACT_ASCENT_MAX = 64
+
+
 def start_ascents(values, grads, ends, curvature, best_value: float, gap: float) -> tuple:
     """How much further each start's end point would climb,
     :func:`~numpyro_sg.infer.curvature.predicted_ascent` (½·Σ g_j²/|h_jj|) there.  Computed only

@@ -30,10 +30,6 @@ steps in its units stay stable on coupled coordinates), and the control-variate 
 its full-data gradient).  :func:`starting_points` starts the chains at θ̂ + ``jitter``·L·ξ,
 ξ ~ N(0, I) per chain: a draw from the Laplace approximation.  ``WarmupOptions(centre=
 "variational")`` replaces steps 0–2 by a mean-field Gaussian fit (:mod:`~numpyro_sg.infer.variational`).
-
-Measured on a logistic regression with d = 20 and N = 10⁶: this is what takes the
-gradient-based kernels from "never reaches the posterior from NumPyro's default
-start" to ξ(σ̂) ≈ 0.05 against NUTS (``docs/warmup.md``).
 """
 
 from __future__ import annotations
@@ -52,7 +48,9 @@ from numpyro.infer import init_to_uniform
 from tqdm.auto import tqdm
 
 from numpyro_sg.infer.curvature import (
+    columns_within_memory,
     dense_or_fallback,
+    hessian_from_products,
     hutchinson_diagonal,
     laplace_preconditioner,
     noise_heat_of,
@@ -64,8 +62,8 @@ from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.laplace import NewtonResult, damped_newton
 from numpyro_sg.infer.minibatch import Anchor, Minibatcher, noise_groups
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
-from numpyro_sg.infer.multistart import (break_symmetry, explore_starts, start_ascents, start_candidates,
-                                         usual_start)
+from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, break_symmetry, explore_starts, start_ascents,
+                                         start_candidates, usual_start)
 from numpyro_sg.infer.plates import subsample_plates
 from numpyro_sg.infer.programs import placement_key, tree_signature
 from numpyro_sg.infer.preconditioner import Preconditioner, from_working
@@ -86,6 +84,7 @@ class _WarmupPrograms:
     def __init__(self, mb: Minibatcher, unravel, model_args, model_kwargs, options: WarmupOptions,
                  rows: dict, signature=None):
         self.mb, self.unravel, self.options, self.rows = mb, unravel, options, rows
+        self.hessian_block = None   # columns of H per Hessian-vector block (dense_curvature)
         self.data = (model_args, model_kwargs)
         # what every program computes besides its arguments (the rows follow from the options)
         self.key = ("warmup", mb.model, mb.plates, mb.replace, placement_key(mb), signature, options)
@@ -114,20 +113,23 @@ class _WarmupPrograms:
                          "full_value_and_grad")
 
     @cached_property
-    def hessian(self):
-        """``y -> H(y)`` on the Hessian's rows (dense)."""
-        return self._jit(lambda y, a, k: jax.hessian(lambda t: self.log_density(a, k)(t, self.rows))(y),
-                         "hessian")
+    def hvp_block(self):
+        """``(y, V) -> (H(y)·v for the rows v of V)`` on the Hessian's rows (V = I: H(y))."""
+        return self._jit(lambda y, V, a, k: jax.vmap(lambda v: jax.jvp(
+            jax.grad(lambda t: self.log_density(a, k)(t, self.rows)), (y,), (v,))[1])(V), "hvp_block")
 
-    @cached_property
-    def hvp(self):
-        """``(y, v) -> H(y)·v`` on the Hessian's rows."""
-        return self._jit(lambda y, v, a, k: jax.jvp(
-            jax.grad(lambda t: self.log_density(a, k)(t, self.rows)), (y,), (v,))[1], "hvp")
+    def hvp(self, y, v):
+        """H(y)·v on the Hessian's rows."""
+        return self.hvp_block(y, v[None])[0]
 
     def dense_curvature(self, y):
-        """−H(y), symmetrised, float64 (d, d)."""
-        H = np.asarray(self.hessian(y), np.float64)
+        """−H(y), symmetrised, float64 (d, d), in blocks of columns whose temporaries fit in
+        ``HESSIAN_MEMORY`` bytes (:func:`~numpyro_sg.infer.curvature.hessian_from_products`)."""
+        d = y.shape[0]
+        if self.hessian_block is None:   # all columns at once up to 64 coordinates
+            self.hessian_block = d if d <= 64 else columns_within_memory(
+                self.hvp_block.temp_bytes(y, jnp.zeros((1, d), y.dtype)), d)
+        H = hessian_from_products(lambda V: self.hvp_block(y, V), d, self.hessian_block, y.dtype)
         return -0.5 * (H + H.T)
 
     def diagonal_curvature(self, y, key, num_probes: int = 16):
@@ -214,7 +216,6 @@ def _cv_noise_sd(mb: Minibatcher, flat_ld, y, key, anchor_point, anchor_grad):
     idx = {plate.name: draw_with_replacement(key, plate.size, n)}
     k = noise_groups(n, y.shape[0])
     return mb.value_grad_noise(flat_ld, y, idx, anchor=Anchor(anchor_point, anchor_grad), groups=k)[2]
-
 
 
 def _log_density_not_lower(old, new) -> bool:
@@ -307,6 +308,9 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
             return raw_curvature(y)
         newton = _newton(programs.full_value_and_grad, x, curvature, options, dense, dtype)
         (x, (value, grad)) = newton.point, newton.state
+        # the starts' ascents need only −H's diagonal: Hutchinson's above a few dozen coordinates
+        ascent_curvature = (raw_curvature if d <= EXACT_ASCENT_MAX
+                            else lambda y: programs.diagonal_curvature(y, key_probe))
         bar.set_postfix_str("preconditioner")
         precond, stiffness, noise_heat = _mode_preconditioner(programs, x, grad, curvature, dense,
                                                               key_probe, dtype)
@@ -315,7 +319,7 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
         preconditioner=precond, converged=newton.converged, newton_steps=newton.steps,
         seconds=time.perf_counter() - start_time, stiffness=float(stiffness),
         noise_heat=float(noise_heat), start_log_densities=tuple(float(v) for v in starts[0]),
-        start_ascents=start_ascents(*starts, raw_curvature, float(value), options.multimodal_gap))
+        start_ascents=start_ascents(*starts, ascent_curvature, float(value), options.multimodal_gap))
 
 
 def _variational_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe,

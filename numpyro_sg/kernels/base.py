@@ -279,7 +279,9 @@ class SGKernel(MCMCKernel):
                 f"{type(self).__name__}: the data ({nbytes / 2**20:.0f} MB) become constants of "
                 "the compiled sampling loop, because MCMC's jit_model_args=False closes over "
                 "them: compiling then takes seconds longer, at every run. Pass "
-                "MCMC(..., jit_model_args=True) to give them to the loop as arguments.",
+                "MCMC(..., jit_model_args=True) to give them to the loop as arguments (NumPyro "
+                "then traces every model argument: bind Python settings such as sizes with "
+                "functools.partial(model, ...) rather than passing them to run).",
                 EmbeddedDataWarning, stacklevel=3,
             )
 

@@ -23,11 +23,15 @@ import numpy as np
 
 from numpyro_sg.infer.preconditioner import laplace_misfit, pool_moments
 
-__all__ = ["FROZEN_SPREAD", "chain_moments", "frozen_chains", "frozen_report", "misfit_report"]
+__all__ = ["FROZEN_SPREAD", "MIN_ESS_FRACTION", "chain_moments", "frozen_chains", "frozen_report",
+           "with_sampling_noise", "misfit_report"]
 
 #: a chain whose draws' sd is below this many Laplace sds along every direction barely moves
 #: (a chain sampling the posterior spreads over about one)
 FROZEN_SPREAD = 0.1
+#: the misfit report counts at least this fraction of the kept draws as independent when it
+#: allows for the sampling noise of their mean and covariance (:func:`with_sampling_noise`)
+MIN_ESS_FRACTION = 0.1
 
 
 def chain_moments(moments, dim: int):
@@ -87,12 +91,25 @@ def frozen_report(frozen: dict, preconditioner, step_size) -> tuple:
     return problem, remedy, True  # frozen chains also explain why the chains disagree
 
 
+def with_sampling_noise(limits, d: int, draws: float):
+    """``limits`` = (largest whitened mean offset, (low, high) whitened eigenvalues) widened by
+    the noise of n = ``MIN_ESS_FRACTION``·``draws`` independent draws of a d-dimensional
+    Gaussian that the Laplace approximation fits: the largest of d mean offsets, each of sd
+    1/√n, is about √(2·ln(2d)/n); the eigenvalues of the sample covariance spread to the
+    Marchenko–Pastur edges (1 ± √(d/n))² (no lower limit once d ≥ n)."""
+    n = max(MIN_ESS_FRACTION * float(draws), 1.0)
+    max_offset, (lo, hi) = limits
+    g = np.sqrt(d / n)
+    return max_offset + np.sqrt(2.0 * np.log(2.0 * d) / n), (lo * max(1.0 - g, 0.0) ** 2, hi * (1.0 + g) ** 2)
+
+
 def misfit_report(fit, counts, means, m2s, limits) -> list:
     """``[(problem, remedy)]`` when the pooled draws are far from the Laplace approximation
-    (``limits``: the largest whitened mean offset and the range of whitened eigenvalues)."""
+    (``limits``: the largest whitened mean offset and the range of whitened eigenvalues, widened
+    by :func:`with_sampling_noise`)."""
     _, mean, cov = pool_moments(counts, means, m2s)
     offset, low, high = laplace_misfit(fit.preconditioner, fit.mode, mean, cov)
-    max_offset, (lo, hi) = limits
+    max_offset, (lo, hi) = with_sampling_noise(limits, mean.shape[0], np.sum(counts))
     if offset <= max_offset and lo <= low and high <= hi:
         return []
     return [(

@@ -68,22 +68,55 @@ def group_hessians(f: Callable, b):
     return f(b), g, jnp.transpose(cols, (1, 2, 0))
 
 
+#: up to this many locals per group the k×k algebra below is unrolled elementwise code; above,
+#: LAPACK.  Besides being faster on tiny blocks, it keeps batched LAPACK calls out of the
+#: programs: jaxlib < 0.11's CPU LAPACK kernels split a large batch over XLA's thread pool and
+#: wait for it from a pool thread, which deadlocks when as many such calls run at once as the
+#: pool has threads (two on a 2-core machine).
+SMALL_K = 8
+
+
+def _cholesky(A):
+    """Lower Cholesky factor of A (..., k, k) (NaN where A is not positive definite)."""
+    k = A.shape[-1]
+    if k > SMALL_K:
+        return jnp.linalg.cholesky(A)
+    L = [[jnp.zeros_like(A[..., 0, 0])] * k for _ in range(k)]
+    for j in range(k):
+        L[j][j] = jnp.sqrt(A[..., j, j] - sum(L[j][m] ** 2 for m in range(j)))
+        for i in range(j + 1, k):
+            L[i][j] = (A[..., i, j] - sum(L[i][m] * L[j][m] for m in range(j))) / L[j][j]
+    return jnp.stack([jnp.stack(row, -1) for row in L], -2)
+
+
+def _solve_lower(C, B, transpose: bool = False):
+    """X with C X = B (``transpose``: Cᵀ X = B), C (..., k, k) lower triangular, B (..., k, r)."""
+    k = C.shape[-1]
+    if k > SMALL_K:
+        return solve_triangular(jnp.swapaxes(C, -1, -2) if transpose else C, B, lower=not transpose)
+    x = [None] * k
+    for i in (reversed(range(k)) if transpose else range(k)):
+        others = range(i + 1, k) if transpose else range(i)
+        acc = B[..., i, :] - sum((C[..., m, i] if transpose else C[..., i, m])[..., None] * x[m]
+                                 for m in others)
+        x[i] = acc / C[..., i, i][..., None]
+    return jnp.stack(x, -2)
+
+
 def _chol_neg(H):
     """Cholesky factor C (lower) of −H per group, symmetrised."""
-    neg = -0.5 * (H + jnp.swapaxes(H, -1, -2))
-    return jnp.linalg.cholesky(neg)
+    return _cholesky(-0.5 * (H + jnp.swapaxes(H, -1, -2)))
 
 
 def _solve_neg(C, g):
     """(−H)⁻¹ g per group from the Cholesky factor C of −H."""
-    y = solve_triangular(C, g[..., None], lower=True)
-    return solve_triangular(jnp.swapaxes(C, -1, -2), y, lower=False)[..., 0]
+    return _solve_lower(C, _solve_lower(C, g[..., None]), transpose=True)[..., 0]
 
 
 def _cov_sd(C):
     """Per-coordinate sd of the Laplace covariance (−H)⁻¹ = C⁻ᵀC⁻¹."""
     k = C.shape[-1]
-    Cinv = solve_triangular(C, jnp.broadcast_to(jnp.eye(k, dtype=C.dtype), C.shape), lower=True)
+    Cinv = _solve_lower(C, jnp.broadcast_to(jnp.eye(k, dtype=C.dtype), C.shape))
     return jnp.sqrt(jnp.sum(Cinv**2, axis=-2))
 
 
@@ -129,8 +162,7 @@ def student_t_draws(key, bhat, C, m: int, df: float):
         w = jnp.ones((m, n, 1), bhat.dtype)
     else:
         w = jnp.sqrt(df / (2.0 * random.gamma(kc, df / 2.0, (m, n, 1), bhat.dtype)))
-    Ct = jnp.swapaxes(C, -1, -2)
-    x = jax.vmap(lambda zz: solve_triangular(Ct, zz[..., None], lower=False)[..., 0])(z * w)
+    x = jax.vmap(lambda zz: _solve_lower(C, zz[..., None], transpose=True)[..., 0])(z * w)
     draws = bhat + x
     half_logdet = jnp.sum(jnp.log(jnp.diagonal(C, axis1=-2, axis2=-1)), axis=-1)  # ½ log det(−H)
     q2 = jnp.sum(z**2, axis=-1)  # Mahalanobis distance of the Gaussian part

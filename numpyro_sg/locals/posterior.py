@@ -26,6 +26,7 @@ from numpyro.handlers import substitute
 from numpyro_sg.arviz_compat import set_group
 from numpyro_sg.infer.handlers import with_indices
 from numpyro_sg.infer.jit_data import jit_with_data
+from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.locals.model import MarginalModel, integrate_locals
 
@@ -71,7 +72,7 @@ def local_posterior(model: MarginalModel, samples: dict, model_args=(), model_kw
 
     def chunk(start, args, kwargs):
         idx = jnp.minimum(start + jnp.arange(C), G - 1)
-        m, s = jax.vmap(lambda th: moments(th, idx, args, kwargs))(samples)   # (T, C, k)
+        m, s = map_over_draws(lambda th: moments(th, idx, args, kwargs), samples)   # (T, C, k)
         return m.mean(0), jnp.sqrt((s**2).mean(0) + m.var(0))
 
     run = jit_with_data(lambda start, a, k: chunk(start, a, k), model_args, model_kwargs or {})

@@ -1,0 +1,81 @@
+"""jaxlib < 0.11's batched CPU LAPACK kernels can deadlock XLA's thread pool
+(:mod:`numpyro_sg.infer.lapack_guard`): scoring draws of a model that calls LAPACK must finish,
+and the guard must not change any result."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from jax.scipy.linalg import solve_triangular
+
+from numpyro_sg.diagnostics.model_scores import ModelScores
+from numpyro_sg.infer.lapack_guard import map_over_draws, uses_lapack
+
+
+def test_uses_lapack_sees_linear_algebra_inside_transformations():
+    L, b = jnp.eye(2), jnp.ones((2, 1))
+    assert uses_lapack(lambda L, b: solve_triangular(L, b, lower=True).sum(), L, b)
+    assert uses_lapack(jax.grad(lambda L: jnp.linalg.cholesky(L).sum()), L)      # inside a custom_jvp
+    assert uses_lapack(lambda L: jax.lax.fori_loop(0, 2, lambda i, a: jnp.linalg.inv(a), L), L)
+    assert not uses_lapack(lambda L, b: (L @ b).sum(), L, b)
+
+
+def test_map_over_draws_equals_vmap():
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(5, 3, 3))
+    A = jnp.asarray(A @ np.swapaxes(A, -1, -2) + 3 * np.eye(3), jnp.float32)
+    x = jnp.asarray(rng.normal(size=(5, 3)), jnp.float32)
+    for f in (lambda a, v: jnp.linalg.solve(a, v), lambda a, v: a @ v):
+        np.testing.assert_allclose(jax.jit(lambda a, v: map_over_draws(f, a, v))(A, x), jax.vmap(f)(A, x), rtol=1e-5)
+
+
+def mvn_model(y, z):
+    """Two independent MultivariateNormal observations: two triangular solves XLA may run at once."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    corr = numpyro.sample("corr", dist.LKJCholesky(2, 2.0))
+    with numpyro.plate("rows", y.shape[0], subsample_size=100):
+        yb, zb = numpyro.subsample(y, event_dim=1), numpyro.subsample(z, event_dim=1)
+        numpyro.sample("y", dist.MultivariateNormal(mu, scale_tril=corr), obs=yb)
+        numpyro.sample("z", dist.MultivariateNormal(-mu, scale_tril=corr), obs=zb)
+
+
+@pytest.mark.timeout(300, method="thread")   # a hang would block C code: end the run
+def test_scores_of_a_model_with_batched_lapack_calls_finish():
+    """64 draws × 60,000 rows of a MultivariateNormal's triangular solves in one program
+    deadlocked jaxlib 0.10 on 2 cores (measured: hung on the first block); the guarded scores
+    finish and equal the closed form at Σ = I (float32 sums of 120,000 terms: rtol 1e-3)."""
+    rng = np.random.default_rng(1)
+    y = rng.normal(size=(60_000, 2)).astype(np.float32) + np.array([1.0, -1.0], np.float32)
+    z = rng.normal(size=(60_000, 2)).astype(np.float32) - np.array([1.0, -1.0], np.float32)
+    scores = ModelScores(mvn_model, (y, z))
+    draws = {"mu": 1.0 + 0.01 * rng.normal(size=(192, 2)).astype(np.float32),
+             "corr": np.broadcast_to(np.eye(2, dtype=np.float32), (192, 2, 2))}
+    s = scores.score(scores.unconstrain(draws))
+    mu_cols = [i for i, site in enumerate(scores.coordinate_sites) if site == "mu"]
+    # Σ = I at corr = I: ∇_μ = Σ_i (y_i − μ) − Σ_i (z_i + μ) − μ
+    expected = y.sum(0)[None] - z.sum(0)[None] - (2 * len(y) + 1) * draws["mu"]
+    np.testing.assert_allclose(s[:, mu_cols], expected, rtol=1e-3, atol=1.0)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 9])
+def test_small_block_algebra_of_the_locals_is_lapacks(k):
+    """The locals' k×k Cholesky factor and triangular solves are elementwise code up to
+    ``SMALL_K`` (no LAPACK call in the sampling programs) and LAPACK above; both equal
+    numpy's/scipy's in float32 (rtol 1e-4 on well-conditioned blocks)."""
+    from numpyro_sg.locals import marginal
+
+    assert uses_lapack(marginal._cholesky, jax.ShapeDtypeStruct((4, k, k), jnp.float32)) == (k > marginal.SMALL_K)
+    rng = np.random.default_rng(k)
+    A = rng.normal(size=(6, k, k))
+    A = (A @ np.swapaxes(A, -1, -2) + k * np.eye(k)).astype(np.float32)
+    B = rng.normal(size=(6, k, 2)).astype(np.float32)
+    L = np.linalg.cholesky(A.astype(np.float64))
+    np.testing.assert_allclose(marginal._cholesky(jnp.asarray(A)), L, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(marginal._solve_lower(jnp.asarray(L, jnp.float32), B), np.linalg.solve(L, B),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(marginal._solve_lower(jnp.asarray(L, jnp.float32), B, transpose=True),
+                               np.linalg.solve(np.swapaxes(L, -1, -2), B), rtol=1e-4, atol=1e-4)
