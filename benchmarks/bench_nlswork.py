@@ -16,9 +16,6 @@ defaults samples the globals (β, σ, τ, Ω) with the effects integrated out ex
 mini-batches of 500 women; NUTS samples the joint model (every woman's effects).  Printed:
 the globals' errors in NUTS sds, ξ(σ̂), the women's effects (Rao-Blackwellised) against NUTS,
 both runs' wall times and their min-ESS/s over the globals.
-
-Known problem: with all 4,709 women, ``to_inference_data``'s scoring of the draws (the KSD) hangs
-inside XLA's CPU runtime (every thread idle); ``--women 300`` runs to the end.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ The movie effects are *local latent variables*: :func:`numpyro_sg.locals.pad_gro
 long table into one row of ratings per movie, the subsample plate runs over the movies, and
 every gradient kernel integrates each movie's effect out exactly (it is conditionally
 Gaussian).  SGLD with its defaults then samples the 675 globals (μ, the 671 user effects and
-the three scales) on mini-batches of 500 movies, and ``to_inference_data`` adds each movie's
+the three scales) on mini-batches of 250 movies, and ``to_inference_data`` adds each movie's
 effect (Rao-Blackwellised mean and sd, group ``local_posterior``).  Most movies have one to
 three ratings, so their effects shrink towards 0: the figure shows ArviZ's forest plot of the
 scales next to the ten most-rated movies' effects.  ``--nuts`` (and ``--smoke``) also run NUTS
@@ -66,7 +66,7 @@ def load(smoke: bool = False):
             [f"{str(t)[:40]} ({m})" for t, m in zip(titles, labels)])
 
 
-def model(user, rating=None, mask=None, *, num_users, subsample_size=500):
+def model(user, rating=None, mask=None, *, num_users, subsample_size=250):
     mu = numpyro.sample("mu", dist.Normal(3.5, 1.0))
     tau_user = numpyro.sample("tau_user", dist.HalfNormal(1.0))
     tau_movie = numpyro.sample("tau_movie", dist.HalfNormal(1.0))
@@ -89,7 +89,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     user, rating, mask, titles = load(args.smoke)
-    kwargs = dict(num_users=int(user.max()) + 1, subsample_size=50 if args.smoke else 500)
+    kwargs = dict(num_users=int(user.max()) + 1, subsample_size=50 if args.smoke else 250)
     warmup, samples = (300, 600) if args.smoke else (1000, 2000)
     # 675 globals, strongly correlated (μ against the users' mean effect): a dense Laplace
     # preconditioner, which by default stops at 256 coordinates
@@ -136,7 +136,7 @@ def _figure(idata, user, mask, titles, out):
     ax.set_yticks(np.arange(10), [titles[i] for i in top])
     ax.axvline(0.0, color="grey", lw=0.5)
     ax.set_xlabel("movie effect (stars), mean ± 2 sd")
-    fig.suptitle("MovieLens: rating scales (left) and the ten most-rated movies (right)")
+    fig.suptitle("MovieLens: rating scales (left) and the ten most-rated movies (right)", y=1.08)
     fig.savefig(out, dpi=90, bbox_inches="tight")
     plt.close("all")
     print(f"figure: {out}")
