@@ -16,6 +16,10 @@ defaults samples the globals (β, σ, τ, Ω) with the effects integrated out ex
 mini-batches of 500 women; NUTS samples the joint model (every woman's effects).  Printed:
 the globals' errors in NUTS sds, ξ(σ̂), the women's effects (Rao-Blackwellised) against NUTS,
 both runs' wall times and their min-ESS/s over the globals.
+
+Measured on all 4,709 women (2-core machine, pinned stack): globals within 0.077 NUTS sd, sds
+within 5.2 %, ξ(σ̂) 0.020; women's effects median error 0.015 NUTS sd (99th percentile
+0.058); SGLD 71 s against NUTS 1,020 s, min-ESS/s 112× NUTS's.
 """
 
 from __future__ import annotations
