@@ -1,6 +1,7 @@
 """Local latents at scale: a random-intercept logistic model against NUTS, and memory at 10⁶ groups.
 
     python benchmarks/bench_locals_scale.py logistic              # 20,000 groups, + NUTS (joint)
+    python benchmarks/bench_locals_scale.py logistic --draws 64   # more importance draws per group
     python benchmarks/bench_locals_scale.py memory                # 10⁶ groups, peak memory
 
 ``logistic``: G groups of R = 5 Bernoulli observations with two covariates and a Normal random
@@ -31,6 +32,7 @@ import numpyro.distributions as dist
 from numpyro.infer import MCMC
 
 import numpyro_sg as nsg
+from numpyro_sg.locals import marginalize_locals
 
 
 def logistic_model(X, y=None, *, subsample_size=500):
@@ -62,9 +64,10 @@ def simulate_logistic(G: int, R: int = 5, seed: int = 0):
     return X, (rng.random((G, R)) < p).astype(np.float32)
 
 
-def run_logistic(G: int, nuts_samples: int):
+def run_logistic(G: int, nuts_samples: int, num_draws: int):
     X, y = simulate_logistic(G)
-    mcmc = MCMC(nsg.SGLD(logistic_model), num_warmup=1000, num_samples=2000, num_chains=2,
+    model = marginalize_locals(logistic_model, num_draws=num_draws)
+    mcmc = MCMC(nsg.SGLD(model), num_warmup=1000, num_samples=2000, num_chains=2,
                 chain_method="vectorized", jit_model_args=True, progress_bar=False)
     start = time.perf_counter()
     mcmc.run(jax.random.PRNGKey(0), X, y)
@@ -102,9 +105,10 @@ def main(argv=None):
     parser.add_argument("mode", choices=["logistic", "memory"])
     parser.add_argument("--groups", type=int, default=None)
     parser.add_argument("--nuts-samples", type=int, default=500)
+    parser.add_argument("--draws", type=int, default=16, help="importance draws per group (logistic)")
     args = parser.parse_args(argv)
     if args.mode == "logistic":
-        return run_logistic(args.groups or 20_000, args.nuts_samples)
+        return run_logistic(args.groups or 20_000, args.nuts_samples, args.draws)
     return run_memory(args.groups or 1_000_000)
 
 

@@ -245,3 +245,29 @@ def test_poisson_random_intercepts_match_nuts_on_the_joint_model():
     assert table["sd_rel_err"].abs().max() < 0.10, table
     loc = table.attrs["locals"]
     assert loc["mean_err"].abs().median() < 0.25 and abs((loc["sd"] / loc["ref_sd"]).median() - 1) < 0.1
+
+
+def test_jackknife_removes_the_importance_estimates_first_order_bias():
+    """log-mean of m = 16 lognormal weights with E[w] = 1 (true value 0; log-sd 0.8): the plain
+    estimate is biased by about −Var(w)/(2m) = −0.028, the jackknifed one by O(1/m²) (measured
+    −0.0017); 200,000 replicates give a Monte Carlo sd of 0.0005 for each mean, so the bands
+    (plain below −0.02, jackknifed within ±0.005) hold with a wide margin."""
+    from jax.scipy.special import logsumexp
+
+    from numpyro_sg.locals.marginal import jackknifed_log_mean_exp
+
+    logw = np.random.default_rng(0).normal(size=(16, 200_000)) * 0.8 - 0.32
+    plain = float(jnp.mean(logsumexp(logw, axis=0) - np.log(16)))
+    jackknifed = float(jnp.mean(jackknifed_log_mean_exp(jnp.asarray(logw))))
+    assert plain < -0.02 and abs(jackknifed) < 0.005, (plain, jackknifed)
+
+
+def test_a_kernel_accepts_the_users_marginalize_locals():
+    """``SGLD(marginalize_locals(model, ...))`` (the documented way to choose the options) runs
+    with the chosen method and draws, as the automatic path does."""
+    args = simulate_glmm_random_intercept(G=40, seed=5) + (10,)
+    model = marginalize_locals(glmm_random_intercept_model, method="importance", num_draws=8)
+    mcmc = MCMC(nsg.SGLD(model), num_warmup=20, num_samples=20, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), *args)
+    assert model.resolved == "importance" and model.num_draws == 8
+    assert set(mcmc.get_samples()) >= {"tau"} and "b" not in mcmc.get_samples()

@@ -241,7 +241,8 @@ class GradientKernel(SGKernel):
                                 rng_key=key_init)
             info = trace_model(self._model, *data, **trace_kwargs)
             model = integrate_locals(self._model, info, *data)
-            if model is not self._model:  # local latents: the kernels sample the globals' marginal
+            # local latents (found here, or a user's marginalize_locals): sample the globals' marginal
+            if model is not self._model or info.latent_in(info.subsample_plates):
                 self._model = model
                 info = trace_model(model, *data, **trace_kwargs)
             plates = subsample_plates(info, self._subsample_size, check_data=self._check_data,

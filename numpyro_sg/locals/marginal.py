@@ -35,6 +35,7 @@ __all__ = [
     "gaussian_marginal",
     "conditional_mode",
     "importance_marginal",
+    "jackknifed_log_mean_exp",
     "imputation_surrogate",
     "LocalEstimate",
     "student_t_draws",
@@ -175,19 +176,34 @@ def student_t_draws(key, bhat, C, m: int, df: float):
     return jax.lax.stop_gradient(draws), jax.lax.stop_gradient(logq)
 
 
+def jackknifed_log_mean_exp(logw):
+    """log (1/m) Σ_s exp(logw_s) over axis 0, jackknifed: m·L − (m − 1)·mean_j L₋ⱼ with L₋ⱼ the
+    same without draw j.  The θ-gradient of log (1/m) Σ_s w_s is the self-normalised importance
+    estimate of Fisher's identity, biased by O(1/m) per group — a bias that adds up over the
+    groups (0.9–2.6 NUTS sds on 20,000 logistic random intercepts with m = 16) — and the
+    jackknife removes its O(1/m) term (also from the log marginal itself)."""
+    m = logw.shape[0]
+    full = logsumexp(logw, axis=0) - math.log(m)
+    if m < 2:
+        return full
+    others = jnp.where(jnp.eye(m, dtype=bool)[:, :, None], -jnp.inf, logw[None])   # (m, m, n)
+    leave_one_out = logsumexp(others, axis=1) - math.log(m - 1)                       # (m, n)
+    return m * full - (m - 1) * jnp.mean(leave_one_out, axis=0)
+
+
 def importance_marginal(f: Callable, n: int, k: int, dtype, key, num_draws: int,
                         df: float = 4.0, newton_steps: int = 25) -> LocalEstimate:
     """Self-normalised importance estimate of log p(y_g | θ) and its θ-gradient (Fisher's identity).
 
     value_g = log (1/m) Σ_s p(y_g, b_s | θ)/q(b_s), with b_s ~ q = Student-t(df) at the conditional
     mode with the Laplace scale, held fixed: its gradient is Σ_s w̄_s ∇_θ log p(y_g, b_s | θ),
-    w̄ the normalised weights.  Also returns the weighted mean/sd of the locals and the ESS.
+    w̄ the normalised weights; jackknifed over the draws (:func:`jackknifed_log_mean_exp`).  Also returns the weighted mean/sd of the locals and the ESS.
     """
     bhat, C = conditional_mode(f, n, k, dtype, newton_steps)
     draws, logq = student_t_draws(key, bhat, C, num_draws, df)
     logp = jax.vmap(f)(draws)                                   # (m, n)
     logw = logp - logq
-    value = logsumexp(logw, axis=0) - jnp.log(num_draws)
+    value = jackknifed_log_mean_exp(logw)
     wbar = jax.lax.stop_gradient(jax.nn.softmax(logw, axis=0))  # (m, n)
     mean = jnp.einsum("mn,mnk->nk", wbar, draws)
     var = jnp.einsum("mn,mnk->nk", wbar, (draws - mean) ** 2)

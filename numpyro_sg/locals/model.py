@@ -245,7 +245,9 @@ def marginalize_locals(model, *, method="auto", num_draws=16, df=4.0, newton_ste
 
     .. code-block:: python
 
-        kernel = nsg.SGLD(nsg.marginalize_locals(model, method="importance", num_draws=32))
+        from numpyro_sg.locals import marginalize_locals
+
+        kernel = nsg.SGLD(marginalize_locals(model, method="importance", num_draws=32))
     """
     return MarginalModel(model, method, num_draws, df, newton_steps, seed, min_ess)
 
