@@ -186,8 +186,14 @@ def jackknifed_log_mean_exp(logw):
     full = logsumexp(logw, axis=0) - math.log(m)
     if m < 2:
         return full
-    others = jnp.where(jnp.eye(m, dtype=bool)[:, :, None], -jnp.inf, logw[None])   # (m, m, n)
-    leave_one_out = logsumexp(others, axis=1) - math.log(m - 1)                       # (m, n)
+    # memory O(m·n): log(S − e_j) with S = Σ e_s, e = exp(logw − max) — at least 1 except for the
+    # largest weight's own row, whose leave-one-out is a logsumexp without it
+    top = jnp.arange(m)[:, None] == jnp.argmax(logw, axis=0)[None]
+    shift = jax.lax.stop_gradient(jnp.max(logw, axis=0))
+    e = jnp.exp(logw - shift)
+    rest = jnp.where(top, 1.0, jnp.sum(e, axis=0) - e)
+    without_top = logsumexp(jnp.where(top, -jnp.inf, logw), axis=0)
+    leave_one_out = jnp.where(top, without_top, shift + jnp.log(rest)) - math.log(m - 1)   # (m, n)
     return m * full - (m - 1) * jnp.mean(leave_one_out, axis=0)
 
 
