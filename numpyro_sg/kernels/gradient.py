@@ -50,7 +50,7 @@ from numpyro_sg.infer.programs import tree_signature
 from numpyro_sg.kernels.base import PerDataCache, SGKernel, all_finite, check_choice, split_init_key
 from numpyro_sg.kernels.guard import freeze, guarded_update, init_guard, rms
 from numpyro_sg.kernels.moves import ema
-from numpyro_sg.locals.model import integrate_locals
+from numpyro_sg.locals.model import anchor_gradient, integrate_locals
 from numpyro_sg.kernels.report import chain_moments, frozen_chains, frozen_report, misfit_report
 
 __all__ = ["GradientKernel", "gradient_state", "PRECONDITIONERS", "GRADIENTS", "GRADIENT_STATE_FIELDS"]
@@ -183,7 +183,7 @@ class GradientKernel(SGKernel):
         message = fit.multimodality(self.warmup_options.multimodal_gap)
         if message:
             warnings.warn(f"{type(self).__name__}: {message}", ConvergenceWarning, stacklevel=4)
-        return fit
+        return anchor_gradient(self._mb, fit, self._unravel, model_args, model_kwargs)
 
     def _geometry(self, fit: ModeFit | None, dim: int, dtype):
         """(Preconditioner, Anchor or None) from the options and the warmup's fit."""
