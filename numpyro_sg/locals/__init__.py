@@ -15,6 +15,8 @@ from numpyro_sg.locals.model import (
     marginalize_locals,
 )
 from numpyro_sg.locals.padding import pad_groups
+from numpyro_sg.locals.posterior import local_draws
 
-__all__ = ["MarginalModel", "marginalize_locals", "integrate_locals", "pad_groups", "METHODS",
+__all__ = ["MarginalModel", "marginalize_locals", "integrate_locals", "pad_groups", "local_draws",
+           "METHODS",
            "LocalLatentWarning"]

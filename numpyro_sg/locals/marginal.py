@@ -36,6 +36,7 @@ __all__ = [
     "conditional_mode",
     "importance_marginal",
     "jackknifed_log_mean_exp",
+    "resampled_draw",
     "imputation_surrogate",
     "LocalEstimate",
     "student_t_draws",
@@ -226,3 +227,17 @@ def imputation_surrogate(f: Callable, n: int, k: int, dtype, key, num_draws: int
     draws, _ = student_t_draws(key, bhat, C, num_draws, jnp.inf)
     value = jnp.mean(jax.vmap(f)(draws), axis=0)
     return LocalEstimate(value, bhat, _cov_sd(C), jnp.full((n,), float(num_draws), dtype))
+
+
+def resampled_draw(f: Callable, n: int, k: int, dtype, key, num_draws: int, df: float = 4.0,
+                   newton_steps: int = 25):
+    """One draw (n, k) per group from p(b_g | y_g, θ) ∝ exp f(b_g) by sampling importance
+    resampling: ``num_draws`` Student-t(``df``) proposals at the conditional mode with the Laplace
+    scale, one kept with probability ∝ its weight p/q (exact as ``num_draws`` → ∞; with
+    ``df=inf`` and a Gaussian conditional every weight is equal and the draw is exact)."""
+    key_draws, key_pick = random.split(key)
+    bhat, C = conditional_mode(f, n, k, dtype, newton_steps)
+    draws, logq = student_t_draws(key_draws, bhat, C, num_draws, df)
+    logw = jax.vmap(f)(draws) - logq                                 # (m, n)
+    pick = random.categorical(key_pick, logw, axis=0)                # (n,)
+    return jnp.take_along_axis(draws, pick[None, :, None], axis=0)[0]

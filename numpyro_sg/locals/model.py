@@ -47,6 +47,7 @@ from numpyro_sg.locals.marginal import (
     group_hessians,
     importance_marginal,
     imputation_surrogate,
+    resampled_draw,
 )
 from numpyro_sg.locals.sites import (
     check_locals_stay_in_plate,
@@ -63,6 +64,8 @@ __all__ = ["MarginalModel", "marginalize_locals", "integrate_locals", "METHODS",
 #: 3/√m posterior sds whatever the number of groups (measured on a Poisson random intercept and
 #: on Gaussian random effects), so the anchor is computed once with many more draws than a step.
 ANCHOR_DRAWS = 4096
+#: proposals per group and draw of the sampling-importance-resampling draws of non-Gaussian locals
+RESAMPLING_DRAWS = 256
 
 #: accepted values of ``method``
 METHODS = ("auto", "gaussian", "importance", "imputation")
@@ -149,11 +152,12 @@ class MarginalModel:
         """Whether the locals are integrated out by Monte Carlo (importance or imputation)."""
         return self.resolved in ("importance", "imputation")
 
-    def with_anchor_draws(self) -> "MarginalModel":
-        """A copy (prepared as this one) that draws ``anchor_draws`` per group: the model of the
-        control-variate anchor's full-data gradient (:func:`anchor_gradient`)."""
+    def with_num_draws(self, num_draws: int) -> "MarginalModel":
+        """A copy (prepared as this one) that draws ``num_draws`` per group: the model of the
+        control-variate anchor's full-data gradient (:func:`anchor_gradient`, ``anchor_draws``)
+        and of the locals' posterior after the run."""
         precise = copy.copy(self)
-        precise.num_draws = self.anchor_draws
+        precise.num_draws = int(num_draws)
         return precise
 
     def prepare(self, info: ModelInfo, model_args=(), model_kwargs=None):
@@ -211,9 +215,31 @@ class MarginalModel:
             return imputation_surrogate(f, n, self.k, dtype, key, self.num_draws, self.newton_steps)
         return importance_marginal(f, n, self.k, dtype, key, self.num_draws, self.df, self.newton_steps)
 
+    def draw(self, f, n, dtype, key):
+        """One draw (n, k) of the batch's locals from their conditional given θ: exact for
+        Gaussian locals, else by sampling importance resampling from :data:`RESAMPLING_DRAWS`
+        proposals (:func:`~numpyro_sg.locals.marginal.resampled_draw`)."""
+        if self.resolved == "gaussian":
+            return resampled_draw(f, n, self.k, dtype, key, 1, float("inf"), self.newton_steps)
+        return resampled_draw(f, n, self.k, dtype, key, max(RESAMPLING_DRAWS, self.num_draws),
+                              self.df, self.newton_steps)
+
     def run(self, *args, **kwargs):
         """Run the model once (globals through the outer handlers) and return
         ``(the model's return value, LocalEstimate, indices of the plate, plate dim)``."""
+        return self._per_group(lambda f, n, dtype, idx: self.estimate(f, n, dtype, idx), (),
+                               args, kwargs)
+
+    def conditional_draw(self, key, *args, **kwargs):
+        """As :meth:`run`, with one draw (n, k) of the batch's locals from p(b_g | y_g, θ)
+        (:meth:`draw`) in place of the estimate."""
+        return self._per_group(lambda f, n, dtype, idx, key: self.draw(f, n, dtype, key), (key,),
+                               args, kwargs)
+
+    def _per_group(self, per_group, extra, args, kwargs):
+        """Run the model once, globals through the outer handlers, and ``per_group(f, n, dtype,
+        batch indices, *extra)`` on the batch's conditional log joint f: ``(return value, its
+        result, indices of the plate, plate dim)``."""
         if self.resolved is None:
             raise RuntimeError("MarginalModel.prepare must run before the model is used (the "
                                "kernels call it at init).")
@@ -222,16 +248,16 @@ class MarginalModel:
         idx = split.indices[self.plate]
         dtype = jnp.result_type(float)
 
-        def estimate(fixed, indices, args_, kwargs_):
+        def compute(fixed, indices, extra_, args_, kwargs_):
             def f(b):
                 return group_log_joint(self.model, args_, kwargs_, self.plate, indices, fixed,
                                        self.sites, b)
-            return self.estimate(f, idx.shape[0], dtype, indices[self.plate])
+            return per_group(f, idx.shape[0], dtype, indices[self.plate], *extra_)
 
         # compiled (data as arguments): an eager trace of the model (the kernels' init) then
         # costs one compilation, not one per operation
-        est = jit_with_data(estimate, args, kwargs)(split.fixed, split.indices)
-        return out, est, idx, split.dim
+        result = jit_with_data(compute, args, kwargs)(split.fixed, split.indices, extra)
+        return out, result, idx, split.dim
 
     def __call__(self, *args, **kwargs):
         if self.resolved is None:  # not prepared yet: the original model (the kernels' first trace)
@@ -291,7 +317,7 @@ def anchor_gradient(mb, fit, unravel, model_args=(), model_kwargs=None, chunk_si
     if not (isinstance(model, MarginalModel) and model.sampled) or model.anchor_draws <= model.num_draws:
         return fit
     precise = copy.copy(mb)
-    precise.model = model.with_anchor_draws()
+    precise.model = model.with_num_draws(model.anchor_draws)
     chunk = max(1, chunk_size * model.num_draws // model.anchor_draws)
     _, grad = jit_with_data(lambda x, a, k: precise.full_value_and_grad_fn(unravel, a, k, chunk)(x),
                             model_args, model_kwargs or {})(fit.mode)

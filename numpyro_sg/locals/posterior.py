@@ -10,7 +10,10 @@ m_tg and sd s_tg (exact for Gaussian locals, importance-weighted otherwise:
 :func:`local_posterior` computes them in chunks of groups (memory O(chunk·draws·k)) on at most
 ``max_draws`` evenly thinned draws; :func:`add_local_posterior` stores them in an
 ``InferenceData`` group ``local_posterior`` (variables ``<site>_mean`` and ``<site>_sd``, dims
-``(<plate>, <site>_dim_0, …)``).  :func:`joint_model` is the model with its subsample plates made
+``(<plate>, <site>_dim_0, …)``).  :func:`local_draws` draws the locals of chosen groups, one
+draw of b_g ~ p(b_g | y_g, θ_t) per kept draw θ_t (exact for Gaussian locals, by sampling
+importance resampling otherwise), for trace plots and joint summaries of a few groups; a size
+guard refuses more than ``max_values`` numbers.  :func:`joint_model` is the model with its subsample plates made
 full, locals included, for NUTS.
 """
 
@@ -23,17 +26,24 @@ import pandas as pd
 import xarray as xr
 from numpyro.handlers import substitute
 
-from numpyro_sg.arviz_compat import set_group
+from numpyro_sg.arviz_compat import get_group, set_group
 from numpyro_sg.infer.handlers import with_indices
 from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.locals.model import MarginalModel, integrate_locals
 
-__all__ = ["local_posterior", "add_local_posterior", "joint_model", "marginal_of", "compare_locals", "JOINT_MAX_DIM", "LOCAL_GROUP"]
+__all__ = ["local_posterior", "local_draws", "add_local_posterior", "add_local_draws",
+           "select_local_draws", "joint_model", "marginal_of", "compare_locals", "JOINT_MAX_DIM", "LOCAL_GROUP"]
 
 #: NUTS on the joint model is refused above this many latent scalars (locals included)
 JOINT_MAX_DIM = 200_000
+#: the size guard of :func:`local_draws` (numbers drawn: draws × groups × locals per group)
+LOCAL_DRAWS_MAX_VALUES = 10_000_000
+#: importance draws per group and kept draw of :func:`local_posterior` (at least the run's)
+POSTERIOR_DRAWS = 64
+#: attribute marking a posterior variable as :func:`add_local_draws`' draws (value: the plate)
+LOCAL_DRAWS_ATTR = "local_draws_of_plate"
 #: the InferenceData group of the locals' Rao-Blackwellised posterior mean and sd
 LOCAL_GROUP = "local_posterior"
 
@@ -58,6 +68,11 @@ def local_posterior(model: MarginalModel, samples: dict, model_args=(), model_kw
     if not isinstance(model, MarginalModel) or model.resolved is None:
         raise TypeError("local_posterior needs the prepared MarginalModel of a run (kernel.model).")
     samples = _thin({k: v for k, v in samples.items() if not k.startswith("_")}, max_draws)
+    # more importance draws than a step's (the self-normalised mean and sd are biased by O(1/m)),
+    # in chunks shrunk to keep the memory
+    m = max(model.num_draws, POSTERIOR_DRAWS) if model.resolved == "importance" else model.num_draws
+    chunk_size = max(1, chunk_size * model.num_draws // m)
+    model = model.with_num_draws(m)
     G, C = model.plate_size, int(min(chunk_size, model.plate_size))
     starts = jnp.arange(0, G, C)
 
@@ -86,6 +101,103 @@ def local_posterior(model: MarginalModel, samples: dict, model_args=(), model_kw
                           sd[:, block].reshape((G,) + site.rest_shape))
         off += site.size
     return out
+
+
+def local_draws(model: MarginalModel, samples: dict, groups, model_args=(), model_kwargs=None, *,
+                rng_key=None, max_values: int = LOCAL_DRAWS_MAX_VALUES) -> dict:
+    """Draws of the locals of the chosen ``groups``: for each draw θ_t of ``samples``, one
+    b_g ~ p(b_g | y_g, θ_t) per group — together draws from the joint posterior of (θ, b_g).
+
+    :param model: the prepared :class:`~numpyro_sg.locals.MarginalModel` (``kernel.model``).
+    :param samples: constrained draws of the globals ``{site: (T, ...)}``.
+    :param groups: indices of the groups (ints in [0, G)).
+    :param rng_key: PRNG key of the draws (default ``PRNGKey(0)``).
+    :param max_values: refuse to draw more numbers than this (T × groups × locals per group).
+    :return: ``{site: array (T, len(groups), *per-group shape)}``.
+    """
+    if not isinstance(model, MarginalModel) or model.resolved is None:
+        raise TypeError("local_draws needs the prepared MarginalModel of a run (kernel.model).")
+    groups = np.asarray(groups)
+    G = model.plate_size
+    if groups.ndim != 1 or groups.size == 0 or groups.dtype.kind not in "iu" \
+            or groups.min() < 0 or groups.max() >= G:
+        raise ValueError(f"groups must be a non-empty 1-d array of group indices in [0, {G}) of "
+                         f"plate '{model.plate}'; got {groups!r}.")
+    samples = {k: jnp.asarray(v) for k, v in samples.items() if not k.startswith("_")}
+    T = next(iter(samples.values())).shape[0]
+    size = T * groups.size * model.k
+    if size > max_values:
+        raise ValueError(
+            f"local draws of {groups.size} groups × {T} draws × {model.k} locals = {size:,} numbers "
+            f"exceed max_values={max_values:,}: choose fewer groups, thin the draws, or raise "
+            "max_values (the per-group means and sds of every group are in the local_posterior "
+            "group).")
+    keys = jax.random.split(jax.random.PRNGKey(0) if rng_key is None else rng_key, T)
+    idx = jnp.asarray(groups, jnp.int32)
+
+    def one(theta, key, args, kwargs):
+        box = {}
+
+        def fn(*a, **k):
+            box["draw"] = model.conditional_draw(key, *a, **k)[1]
+
+        substitute(with_indices(fn, {model.plate: idx}), data=theta)(*args, **kwargs)
+        return box["draw"]
+
+    run = jit_with_data(lambda s, ks, a, k: map_over_draws(lambda sk: one(*sk, a, k), (s, ks)),
+                        model_args, model_kwargs or {})
+    draws = np.asarray(run(samples, keys))                            # (T, n, k)
+    out, off = {}, 0
+    for site in model.sites:
+        out[site.name] = draws[:, :, off:off + site.size].reshape((T, groups.size) + site.rest_shape)
+        off += site.size
+    return out
+
+
+def add_local_draws(idata, model: MarginalModel, samples_by_chain: dict, groups, model_args=(),
+                    model_kwargs=None, **options):
+    """Add the :func:`local_draws` of ``groups`` to ``idata``'s posterior (in place), as
+    variables named after the local sites with dims ``(chain, draw, <plate>, …)`` and the group
+    indices as the plate's coordinate; ``samples_by_chain``: ``{site: (chains, draws, ...)}``."""
+    samples = {k: np.asarray(v) for k, v in samples_by_chain.items() if not k.startswith("_")}
+    C, D = next(iter(samples.values())).shape[:2]
+    flat = {k: v.reshape((C * D,) + v.shape[2:]) for k, v in samples.items()}
+    found = local_draws(model, flat, groups, model_args, model_kwargs, **options)
+    posterior = get_group(idata, "posterior")
+    for name, draws in found.items():
+        dims = ["chain", "draw", model.plate] + [f"{name}_dim_{i}" for i in range(draws.ndim - 2)]
+        posterior[name] = xr.DataArray(draws.reshape((C, D) + draws.shape[1:]), dims=dims,
+                                       coords={model.plate: np.asarray(groups),
+                                               "chain": posterior.chain, "draw": posterior.draw},
+                                       attrs={LOCAL_DRAWS_ATTR: model.plate})
+    set_group(idata, "posterior", posterior)
+    return idata
+
+
+def select_local_draws(run, reference):
+    """``reference`` with its draws of the local sites cut to the groups whose draws ``run``'s
+    posterior holds (:func:`add_local_draws`), under the run's dims, so that the two compare
+    variable by variable; ``reference`` itself (not copied) when there are none to cut."""
+    run_post, ref_post = get_group(run, "posterior"), get_group(reference, "posterior")
+    local = [v for v in run_post.data_vars
+             if LOCAL_DRAWS_ATTR in run_post[v].attrs and v in ref_post.data_vars
+             and run_post[v].shape[2:] != ref_post[v].shape[2:]]
+    if not local:
+        return reference
+    for name in local:
+        draws = run_post[name]
+        plate = draws.attrs[LOCAL_DRAWS_ATTR]
+        groups = draws.coords[plate].values
+        ref_dim = ref_post[name].dims[2]
+        if ref_dim == plate:   # the plate's dim by name: cut every variable on it alike
+            ref_post = ref_post.isel({plate: groups}).assign_coords({plate: groups})
+            continue
+        ref = ref_post[name].isel({ref_dim: groups})
+        ref = ref.rename(dict(zip(ref.dims[2:], draws.dims[2:]))).assign_coords({plate: groups})
+        ref_post = ref_post.drop_vars(name).assign({name: ref})
+    reference = reference.copy()
+    set_group(reference, "posterior", ref_post)
+    return reference
 
 
 def add_local_posterior(idata, model: MarginalModel, samples: dict, model_args=(),

@@ -44,7 +44,8 @@ from numpyro import handlers
 
 from numpyro_sg.arviz_compat import from_numpyro, get_group, has_group, set_group
 
-from numpyro_sg.locals.posterior import add_local_posterior
+from numpyro_sg.locals.model import MarginalModel
+from numpyro_sg.locals.posterior import add_local_draws, add_local_posterior
 from numpyro_sg.diagnostics.convergence import check_convergence
 from numpyro_sg.diagnostics.model_scores import (
     STEIN_GROUP,
@@ -152,7 +153,7 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
                       ksd_draws: int | None = 1000, preconditioner="sd", ksd_options: dict | None = None,
                       log_likelihood_limit_gb: float | None = 1.0, sampling_time: float | None = None,
                       model=None, model_args=None, model_kwargs=None, check: bool = True,
-                      **kwargs):
+                      local_groups=None, **kwargs):
     """ArviZ data of an MCMC run (``InferenceData``; ``xarray.DataTree`` with ArviZ ≥ 1), with KSD.
 
     Works for the ``numpyro_sg`` kernels and for any NumPyro kernel (NUTS too).  The groups
@@ -160,7 +161,8 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     ``log_likelihood``) are described in :mod:`numpyro_sg.results.inference_data`.  KSD uses
     full-data scores on the unconstrained space at ``ksd_draws`` evenly thinned draws per chain
     (default 1,000; ``None`` for all), so conversion stays quick when scores are costly; the
-    per-chain values use the pooled scale so they are comparable.
+    per-chain values use the pooled scale so they are comparable.  (Long because its docstring
+    documents every option; the body is a few calls.)
 
     :param mcmc: a ``numpyro.infer.MCMC`` object after ``run``.
     :param bool log_likelihood: add the full-data pointwise ``log_likelihood`` group.
@@ -175,6 +177,10 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
         ``posterior.attrs["sampling_time"]`` (ArviZ's convention) and used for ESS per second
         by :func:`numpyro_sg.compare_to_reference`.
     :param model, model_args, model_kwargs: override the model and data the run used.
+    :param local_groups: for a model with local latents, indices of groups whose locals are
+        also drawn, one draw b_g ~ p(b_g | y_g, θ) per kept draw θ, into the ``posterior`` group
+        (dims ``(chain, draw, <plate>, …)``; :func:`numpyro_sg.locals.posterior.local_draws`,
+        with its size guard).  Every group's mean and sd are in ``local_posterior`` regardless.
     :param bool check: for a run of one of this package's kernels, run
         :func:`numpyro_sg.check_convergence` on it first (a :class:`~numpyro_sg.ConvergenceWarning` names
         the sites at fault; NumPyro's ``MCMC`` has no end-of-run hook, so this is where the
@@ -202,7 +208,7 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     model, model_args, model_kwargs = run_model(mcmc, model, model_args, model_kwargs)
     model_args, model_kwargs = auto_view(model_args, model_kwargs)  # data on an Explicit mesh
     idata = _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood,
-                             log_likelihood_limit_gb, kwargs)
+                             log_likelihood_limit_gb, kwargs, local_groups)
     scores = _finish(idata, ModelScores(model, model_args, model_kwargs), sampling_time)
     diverged = _record_diverged(idata, mcmc)
     if ksd:
@@ -271,9 +277,11 @@ def _checked_ksd_options(mcmc, ksd_options, check=False) -> dict:
     return ksd_options
 
 
-def _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood, limit_gb, kwargs):
+def _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood, limit_gb, kwargs,
+                     local_groups=None):
     """``az.from_numpyro`` of the run seen through its model on the full data, with the local
-    latents' posterior group when the model has local latents."""
+    latents' posterior group when the model has local latents (and the draws of the
+    ``local_groups``' locals in the posterior)."""
     full_model = full_data_model(model, model_args, model_kwargs)
     if log_likelihood:
         num_samples = next(iter(mcmc.get_samples().values())).shape[0]  # chains × draws
@@ -281,6 +289,12 @@ def _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood, limi
     view = _FullDataView(mcmc, full_model)
     view._args, view._kwargs = model_args, model_kwargs
     idata = from_numpyro(view, log_likelihood=log_likelihood, **kwargs)
+    if local_groups is not None:
+        if not isinstance(model, MarginalModel):
+            raise ValueError("local_groups: the run's model has no local latents (no latent site "
+                             "inside a subsample plate).")
+        add_local_draws(idata, model, mcmc.get_samples(group_by_chain=True), local_groups,
+                        model_args, model_kwargs)
     return add_local_posterior(idata, model, mcmc.get_samples(), model_args, model_kwargs)
 
 

@@ -48,7 +48,7 @@ from numpyro_sg.diagnostics.model_scores import (
     stein_arrays,
     stein_dataset,
 )
-from numpyro_sg.locals.posterior import LOCAL_GROUP, compare_locals, joint_model, marginal_of
+from numpyro_sg.locals.posterior import LOCAL_GROUP, compare_locals, joint_model, marginal_of, select_local_draws
 from numpyro_sg.version import __version__ as numpyro_sg_version
 
 __all__ = ["nuts_reference", "compare_to_reference", "plot_reference_comparison"]
@@ -271,8 +271,8 @@ def compare_to_reference(idata, reference, *, var_names=None, reference_names: d
     >>> list(table.index), bool(np.allclose(table["sd_rel_err"], 1.0))
     (['theta[0]', 'theta[1]'], True)
     """
-    run = _as_idata(idata)
-    ref = _as_idata(reference, reference_names)
+    run, full_ref = _as_idata(idata), _as_idata(reference, reference_names)
+    ref = select_local_draws(run, full_ref)   # the reference's locals of the run's drawn groups
     common = _shared_variables(run, ref, var_names)
     x, r = _coordinates(run, common), _coordinates(ref, common)
     t_run, t_ref = _sampling_time(run), _sampling_time(ref)
@@ -284,7 +284,7 @@ def compare_to_reference(idata, reference, *, var_names=None, reference_names: d
     if ksd:
         table.attrs.update(_common_scale_ksd(run, ref, model, model_args, model_kwargs, ksd_draws))
     if has_group(run, LOCAL_GROUP):  # local latents: per-group rows in attrs["locals"]
-        table.attrs["locals"] = compare_locals(get_group(run, LOCAL_GROUP), get_group(ref, "posterior"))
+        table.attrs["locals"] = compare_locals(get_group(run, LOCAL_GROUP), get_group(full_ref, "posterior"))
     return table
 
 
@@ -392,7 +392,7 @@ def plot_reference_comparison(idata, reference, *, var_names=None, reference_nam
     >>> axes = nsg.plot_reference_comparison({"theta": 2.0 * z}, {"theta": z}, labels=("wide", "exact"))
     """
     run = _as_idata(idata)
-    ref = _as_idata(reference, reference_names)
+    ref = select_local_draws(run, _as_idata(reference, reference_names))
     if var_names is None:
         var_names = [v for v in run.posterior.data_vars if v in ref.posterior.data_vars]
     labels = ("run", "reference") if labels is None else labels
