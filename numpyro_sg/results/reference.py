@@ -56,8 +56,7 @@ __all__ = ["nuts_reference", "compare_to_reference", "plot_reference_comparison"
 
 # -- NUTS reference -------------------------------------------------------------------------
 def _model_source(model) -> str:
-    """The model's source (its ``repr`` when there is none: a model defined by ``exec``, whose
-    file lines are not its code, fails with a tokenizer error on Python ≥ 3.12)."""
+    """The model's source (its ``repr`` when there is none, e.g. a model defined by ``exec``)."""
     try:
         return inspect.getsource(model)
     except (OSError, TypeError, SyntaxError, tokenize.TokenError):
@@ -79,7 +78,7 @@ def _data_hash(model_args, model_kwargs) -> str:
     return h.hexdigest()
 
 
-def _cache_key(model, model_args, model_kwargs, settings: dict) -> str:
+def _cache_key(model, model_args, model_kwargs, settings: dict) -> str:  # noqa: D103
     h = hashlib.sha256()
     h.update(_model_source(model).encode())
     h.update(_data_hash(model_args, model_kwargs).encode())
@@ -92,7 +91,7 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
                    num_warmup: int = 1000, num_samples: int = 1000, num_chains: int = 1,
                    cache_dir: str | os.PathLike | None = None, rng_key=None,
                    chain_method: str = "sequential", progress_bar: bool = True,
-                   ksd_draws: int | None = 1000, **nuts_kwargs):
+                   ksd_draws: int | None = 1000, decentre_locals: bool = True, **nuts_kwargs):
     """NUTS on the full data: the ground truth a stochastic-gradient run is compared with.
 
     Every subsample plate of ``model`` is switched to its full size (the exact log density),
@@ -110,6 +109,8 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
         calls with the same model source, data (hashed bytes), settings and versions. Data
         captured in a closure are not part of the key: pass data as arguments.
     :param rng_key: a ``jax.random.PRNGKey`` (default ``PRNGKey(0)``).
+    :param decentre_locals: sample location-scale locals as loc + scale·z (the centred joint's
+        funnel can bias NUTS silently; :func:`~numpyro_sg.locals.posterior.joint_model`).
     :param nuts_kwargs: passed to ``numpyro.infer.NUTS`` (``target_accept_prob``, …).
 
     **Example:**
@@ -125,7 +126,7 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
     model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
     rng_key = jax.random.PRNGKey(0) if rng_key is None else rng_key
     settings = dict(num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
-                    rng_key=_key_list(rng_key), ksd_draws=ksd_draws,
+                    rng_key=_key_list(rng_key), ksd_draws=ksd_draws, decentre=bool(decentre_locals),
                     nuts=sorted((k, repr(v)) for k, v in nuts_kwargs.items()))
     path = None
     if cache_dir is not None:
@@ -135,18 +136,16 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
             idata = from_netcdf(path)
             idata.posterior.attrs["cache_file"] = str(path)
             return idata
-    idata = _run_nuts(model, model_args, model_kwargs, rng_key, ksd_draws, nuts_kwargs,
+    idata = _run_nuts(model, model_args, model_kwargs, rng_key, ksd_draws, decentre_locals, nuts_kwargs,
                       dict(num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
                            chain_method=chain_method, progress_bar=progress_bar))
-    if path is not None:
-        _save(idata, path)
-    return idata
+    return idata if path is None else _save(idata, path)
 
 
-def _run_nuts(model, model_args, model_kwargs, rng_key, ksd_draws, nuts_kwargs, mcmc_kwargs):
+def _run_nuts(model, model_args, model_kwargs, rng_key, ksd_draws, decentre, nuts_kwargs, mcmc_kwargs):
     """NUTS on the full-data model (the joint one for a model with local latents, whose KSD is
     then the globals' marginal's: the distribution the gradient kernels sample), converted."""
-    joint = joint_model(model, model_args, model_kwargs)
+    joint = joint_model(model, model_args, model_kwargs, decentre=decentre)
     mcmc = MCMC(NUTS(full_data_model(model if joint is None else joint, model_args, model_kwargs),
                      **nuts_kwargs), **mcmc_kwargs)
     if joint is None:
@@ -178,12 +177,13 @@ def _timed_run(mcmc, rng_key, model, model_args, model_kwargs, ksd_draws, ksd=Tr
 
 
 def _save(idata, path: Path):
-    """Write ``idata`` to ``path`` atomically (through a temporary file) and record the path."""
+    """Write ``idata`` to ``path`` atomically (a temporary file), record the path; ``idata``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     to_netcdf(idata, tmp)
     tmp.replace(path)
     idata.posterior.attrs["cache_file"] = str(path)
+    return idata
 
 
 # -- comparison -----------------------------------------------------------------------------
