@@ -17,6 +17,13 @@ times and min-ESS/s.
 ``memory``: 10⁶ groups of 2 Gaussian rows with a random intercept (exact marginal), SGLD
 2 chains × (200 + 300) iterations on mini-batches of 1,000 groups, and the process's peak
 resident memory (the kernels keep nothing of size G).
+
+Measured (2-core machine):
+
+- ``logistic`` against the decentred joint NUTS (``nuts_reference``'s default): α, β within
+  0.08 NUTS sd, τ 0.19 sd low, sds within 3.6 %, ξ(σ̂) 0.024; SGLD 209 s, NUTS 97 s, min-ESS/s
+  2.3× NUTS's.  Against the centred joint: 0.086 sd and 11.7×.
+- ``memory``: 1.20 GB peak, 54 s.
 """
 
 from __future__ import annotations
