@@ -183,7 +183,7 @@ class GradientKernel(SGKernel):
         message = fit.multimodality(self.warmup_options.multimodal_gap)
         if message:
             warnings.warn(f"{type(self).__name__}: {message}", ConvergenceWarning, stacklevel=4)
-        return anchor_gradient(self._mb, fit, self._unravel, model_args, model_kwargs)
+        return anchor_gradient(self._mb, fit, self._unravel, model_args, model_kwargs, self.warmup_options.chunk_size)
 
     def _geometry(self, fit: ModeFit | None, dim: int, dtype):
         """(Preconditioner, Anchor or None) from the options and the warmup's fit."""

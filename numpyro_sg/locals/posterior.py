@@ -13,8 +13,8 @@ m_tg and sd s_tg (exact for Gaussian locals, importance-weighted otherwise:
 ``(<plate>, <site>_dim_0, …)``).  :func:`local_draws` draws the locals of chosen groups, one
 draw of b_g ~ p(b_g | y_g, θ_t) per kept draw θ_t (exact for Gaussian locals, by sampling
 importance resampling otherwise), for trace plots and joint summaries of a few groups; a size
-guard refuses more than ``max_values`` numbers.  :func:`joint_model` is the model with its subsample plates made
-full, locals included, for NUTS.
+guard refuses more than ``max_values`` numbers.  :func:`joint_model` is the model with its
+subsample plates made full, locals included, for NUTS.
 """
 
 from __future__ import annotations
