@@ -18,6 +18,15 @@ Usage::
     python benchmarks/bench_big_data.py --rows 2000000          # 168 MB of files
     python benchmarks/bench_big_data.py --rows 10000000         # 840 MB, both setups
     python benchmarks/bench_big_data.py --rows 50000000 --disk-only --dir /data   # 4.2 GB
+    python benchmarks/bench_big_data.py --rows 50000000 --parquet --dir /data     # + Parquet, in memory
+
+``--parquet`` also writes the rows as a Parquet file (row groups of 10⁶ rows), converts it
+back with :func:`~numpyro_sg.infer.disk_rows.npy_from_parquet` in its own process (``convert``:
+seconds, peak memory) and samples from the converted files.
+
+Measured (2-core machine): ``--rows 50000000 --parquet``: Parquet 4.4 GB, converted in 20 s at a
+peak of 317 MB; from disk 117 s, 981 it/s, peak 655 MB; in memory 399 s, 963 it/s, peak
+12.6 GB; identical draws (throughput ratio 1.02).
 """
 
 from __future__ import annotations
@@ -80,6 +89,39 @@ def run(mode: str, folder: str, num_samples: int) -> dict:
             "mean": draws.mean(0).tolist(), "sd": draws.std(0).tolist()}
 
 
+def write_parquet(folder: str, rows_per_group: int = 1_000_000):
+    """``folder/data.parquet`` (columns x0 … x19, y) from the ``.npy`` files, one row group at a
+    time (pyarrow; memory O(rows_per_group))."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    X, y = np.load(f"{folder}/X.npy", mmap_mode="r"), np.load(f"{folder}/y.npy", mmap_mode="r")
+    names = [f"x{j}" for j in range(X.shape[1])] + ["y"]
+    schema = pa.schema([(n, pa.float32()) for n in names])
+    with pq.ParquetWriter(f"{folder}/data.parquet", schema) as writer:
+        for s in range(0, len(y), rows_per_group):
+            cols = [np.ascontiguousarray(X[s:s + rows_per_group, j]) for j in range(X.shape[1])]
+            writer.write_table(pa.table(cols + [np.asarray(y[s:s + rows_per_group])], schema=schema))
+
+
+def convert(folder: str) -> dict:
+    """``npy_from_parquet`` of ``folder/data.parquet`` into ``folder/pq/{X,y}.npy``, with its peak
+    anonymous memory (in this process)."""
+    import pyarrow.parquet as pq
+
+    from numpyro_sg.infer.disk_rows import npy_from_parquet
+
+    Path(f"{folder}/pq").mkdir(exist_ok=True)
+    names = [n for n in pq.ParquetFile(f"{folder}/data.parquet").schema_arrow.names if n != "y"]
+    peak = Peak()
+    peak.start()
+    start = time.perf_counter()
+    npy_from_parquet(f"{folder}/data.parquet", names, f"{folder}/pq/X.npy")
+    npy_from_parquet(f"{folder}/data.parquet", "y", f"{folder}/pq/y.npy")
+    peak.running = False
+    return {"seconds": time.perf_counter() - start, "peak_mb": peak.peak}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2_000_000)
@@ -87,11 +129,15 @@ def main():
     parser.add_argument("--dir", default=None, help="folder for the files (default: a temporary one)")
     parser.add_argument("--disk-only", action="store_true",
                         help="skip the in-memory run (when the data do not fit in memory)")
+    parser.add_argument("--parquet", action="store_true",
+                        help="also write the data as Parquet, convert it back with npy_from_parquet "
+                             "(its peak memory reported) and sample from the converted files")
     parser.add_argument("--mode", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     folder = args.dir or tempfile.mkdtemp()
     if args.mode:
-        print(json.dumps(run(args.mode, folder, args.samples)))
+        out = convert(folder) if args.mode == "convert" else run(args.mode, folder, args.samples)
+        print(json.dumps(out))
         return
     import disk_checks
 
@@ -100,11 +146,24 @@ def main():
     write(folder)
     results = {"rows": args.rows, "file_mb": args.rows * 21 * 4 / 2**20,
                "write_seconds": time.perf_counter() - start}
-    for mode in ("disk",) if args.disk_only else ("disk", "memory"):
-        out = subprocess.run([sys.executable, __file__, "--mode", mode, "--dir", folder, "--rows",
+
+    def in_subprocess(mode, where=folder):
+        out = subprocess.run([sys.executable, __file__, "--mode", mode, "--dir", where, "--rows",
                               str(args.rows), "--samples", str(args.samples)],
                              capture_output=True, text=True, check=True)
-        results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    disk_folder = folder
+    if args.parquet:
+        start = time.perf_counter()
+        write_parquet(folder)
+        results["parquet_write_seconds"] = time.perf_counter() - start
+        results["parquet_mb"] = Path(f"{folder}/data.parquet").stat().st_size / 2**20
+        results["convert"] = in_subprocess("convert")
+        disk_folder = f"{folder}/pq"   # the disk run reads the files converted from Parquet
+    results["disk"] = in_subprocess("disk", disk_folder)
+    if not args.disk_only:
+        results["memory"] = in_subprocess("memory")
     if args.disk_only:
         print(json.dumps(results, indent=1))
         return

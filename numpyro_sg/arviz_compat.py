@@ -107,6 +107,12 @@ def set_group(data, name: str, dataset: xr.Dataset) -> None:
     data.add_groups({name: dataset}, warn_on_custom_groups=False)
 
 
+def drop_group(data, name: str) -> None:
+    """Remove group ``name`` from the run ``data``, in place (nothing when it has none)."""
+    if has_group(data, name):
+        del data[name]
+
+
 def rename_vars(data, names: dict, group: str = "posterior"):
     """A copy of the run with the variables of ``group`` renamed ``{old: new}``."""
     if isinstance(data, xr.DataTree):

@@ -1,7 +1,8 @@
 """One run of ``tests/test_disk_rows.py`` in its own process: ``python tests/disk_checks.py
 MODE DIR`` with MODE ``write`` (a logistic-regression data set as ``X.npy``, ``y.npy`` in DIR),
 ``disk`` (SGLD reading the rows from the files, :class:`numpyro_sg.infer.disk_rows.NpyRows`) or
-``memory`` (the same arrays loaded in memory); prints the peak anonymous memory (MB, the
+``memory`` (the same arrays loaded in memory) or ``convert`` (the files written as Parquet and
+streamed back by ``npy_from_parquet``); prints the peak anonymous memory (MB, the
 process's own memory: file pages in the page cache are not counted) and saves the draws."""
 
 import json
@@ -84,6 +85,32 @@ def sample(mode, folder):
     return {"peak_mb": peak.peak, "seconds": seconds, "file_mb": (N * D + N) * 4 / 2**20}
 
 
+def convert(folder):
+    """``X.npy`` and ``y.npy`` written as one Parquet file (row groups of 500,000 rows), then
+    streamed back with ``npy_from_parquet`` in a fresh measurement: its peak anonymous memory."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from numpyro_sg.infer.disk_rows import npy_from_parquet
+
+    X, y = np.load(f"{folder}/X.npy", mmap_mode="r"), np.load(f"{folder}/y.npy", mmap_mode="r")
+    names = [f"x{j}" for j in range(D)]
+    schema = pa.schema([(n, pa.float32()) for n in names + ["y"]])
+    with pq.ParquetWriter(f"{folder}/data.parquet", schema) as writer:
+        for s in range(0, N, 500_000):
+            cols = [np.ascontiguousarray(X[s:s + 500_000, j]) for j in range(D)]
+            writer.write_table(pa.table(cols + [np.asarray(y[s:s + 500_000])], schema=schema))
+    del writer
+    before = anonymous_mb()
+    peak = Peak()
+    peak.start()
+    npy_from_parquet(f"{folder}/data.parquet", names, f"{folder}/Xp.npy")
+    peak.running = False
+    same = bool(np.array_equal(np.load(f"{folder}/Xp.npy", mmap_mode="r"), X))
+    return {"before_mb": before, "peak_mb": peak.peak, "file_mb": N * D * 4 / 2**20, "same": same}
+
+
 if __name__ == "__main__":
     mode, folder = sys.argv[1], sys.argv[2]
-    print(json.dumps(write(folder) if mode == "write" else sample(mode, folder)))
+    fn = {"write": write, "convert": convert}.get(mode)
+    print(json.dumps(fn(folder) if fn else sample(mode, folder)))

@@ -3,10 +3,12 @@ tests/multiprocess_checks.py PROCESS_ID NUM_PROCESSES PORT OUT.npy``.
 
 With NUM_PROCESSES = 2 each process owns one CPU device and half of the rows
 (``jax.distributed.initialize`` + ``jax.make_array_from_process_local_data``); with 1 the
-process has two forced devices and places the same rows with ``jax.device_put``.  Process 0
-saves SGLD's draws to OUT.npy.
+process has two forced devices and places the same rows with ``jax.device_put``.  Every
+process calls ``to_inference_data``; process 0 saves SGLD's draws to OUT.npy and the KSD and
+group names to OUT.npy.json.
 """
 
+import json
 import os
 import sys
 
@@ -23,6 +25,7 @@ if num_processes > 1:
     jax.distributed.initialize(f"localhost:{port}", num_processes=num_processes, process_id=process_id)
 
 import numpyro_sg as nsg  # noqa: E402
+from numpyro_sg.arviz_compat import group_names  # noqa: E402
 from sharded_checks import data, logistic  # noqa: E402
 
 X, y = data()
@@ -38,5 +41,8 @@ mcmc = MCMC(nsg.SGLD(logistic), num_warmup=200, num_samples=300, num_chains=2,
             chain_method="vectorized", progress_bar=False, jit_model_args=True)
 mcmc.run(jax.random.PRNGKey(0), *args)
 draws = np.asarray(mcmc.get_samples()["theta"])
+idata = nsg.to_inference_data(mcmc, ksd_draws=100)   # on every process: the KSD's scores are collective
 if jax.process_index() == 0:
     np.save(out_path, draws)
+    with open(out_path + ".json", "w") as f:
+        json.dump({"ksd": float(idata.sample_stats.attrs["ksd"]), "groups": sorted(group_names(idata))}, f)

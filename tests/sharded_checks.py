@@ -156,8 +156,12 @@ def check_hlo():
         "hessian": lambda x, a, r: jax.hessian(ld(a))(x, r),
         "hvp": lambda x, a, r: jax.jvp(jax.grad(lambda t: ld(a)(t, r)), (x,), (v,))[1],
     }
+    programs["fisher"] = lambda x, a, r: mb.fisher_diagonal(unravel, x, r, 8, a, {})
+    programs["prior hvp"] = lambda x, a: jax.jvp(jax.grad(lambda t: mb.prior_log_density_fn(a, {})(unravel(t))),
+                                                 (x,), (v,))[1]
+    programs["noise"] = lambda x, a: mb.cv_noise_sd(unravel, x, jax.random.PRNGKey(2), Anchor(x, x), a, {})
     for name, fn in programs.items():
-        extra = (rows,) if name in ("hessian", "hvp") else ()
+        extra = (rows,) if name in ("hessian", "hvp", "fisher") else ()
         hlo = jax.jit(fn).lower(x0, args, *extra).compile().as_text()
         out[f"warmup {name}"] = {"collectives": collectives(hlo), "constant": largest_constant(hlo)}
     exact = Minibatcher(logistic, plates).full_value_and_grad_fn(unravel, (X, y), {})(x0)
@@ -205,6 +209,34 @@ def check_one_device():
     return {"mean_diff_sd": ((draws.mean(0) - ref.mean(0)) / sd).tolist(), "sd_ratio": (draws.std(0) / sd).tolist()}
 
 
+def check_diagonal():
+    """The diagonal warmup (``dense_max`` below d: Fisher diagonal, gradient-noise heat) on 4
+    shards against one device: its scales, and SGLD's draws with the same keys."""
+    X, y = data()
+    args, plates, unravel = _setup(X, y, mesh())
+    mb, x = make_minibatcher(logistic, plates, True, args, {}), jnp.array([1.0, -0.5, 0.25])
+    rows = mb.random_rows(2048, jax.random.PRNGKey(1))   # 512 rows per shard: whole groups and blocks
+    fisher = jax.jit(lambda x, a, r: mb.fisher_diagonal(unravel, x, r, 8, a, {}))(x, args, rows)
+    fisher_one = Minibatcher(logistic, plates).fisher_diagonal(unravel, x, {"data": np.asarray(rows["data"])},
+                                                                8, (X, y), {})
+    options = {"dense_max": 2}
+    out = {"fisher_ratio": (np.asarray(fisher) / np.asarray(fisher_one)).tolist()}
+    for where, args in (("one", (X, y)), ("sharded", (shard_rows(X, mesh()), shard_rows(y, mesh())))):
+        kernel = nsg.SGLD(logistic, warmup_options=options)
+        mcmc = MCMC(kernel, num_warmup=500, num_samples=2000, num_chains=4, chain_method="vectorized",
+                    progress_bar=False, jit_model_args=True)
+        mcmc.run(jax.random.PRNGKey(0), *args)
+        fit = kernel.mode_fit
+        out[where] = {"draws": np.asarray(mcmc.get_samples()["theta"], np.float64),
+                      "scale": np.asarray(fit.preconditioner.scale, np.float64), "heat": fit.noise_heat}
+    one, sharded = out["one"], out["sharded"]
+    sd = one["draws"].std(0)
+    return {"fisher_ratio": out["fisher_ratio"], "mean_diff_sd": ((sharded["draws"].mean(0) - one["draws"].mean(0)) / sd).tolist(),
+            "sd_ratio": (sharded["draws"].std(0) / sd).tolist(),
+            "scale_ratio": (sharded["scale"] / one["scale"]).tolist(),
+            "heat": [one["heat"], sharded["heat"]]}
+
+
 def _error(fn) -> str:
     try:
         fn()
@@ -231,6 +263,8 @@ def check_errors():
         "hard_coded": _error(lambda: run(nsg.SGLD(hard_coded), *args)),
         "batch": _error(lambda: run(nsg.SGLD(logistic, subsample_size=102), *args)),
         "replace": _error(lambda: run(nsg.SGLD(logistic, replace=False), *args)),
+        "esgld": _error(lambda: run(nsg.ESGLD(logistic), *args)),
+        "sparse_async": _error(lambda: run(nsg.SparseAsync(logistic), *args)),
     }
     Xnan = X.copy()
     Xnan[2500, 1] = np.nan

@@ -24,6 +24,7 @@ from numpyro import handlers
 from numpyro.distributions.transforms import biject_to
 from numpyro.infer.util import potential_energy, unconstrain_fn
 
+from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.minibatch import discover_plates, full_data
 from numpyro_sg.infer.model_info import improper_to_uniform
@@ -109,9 +110,12 @@ class ModelScores:
         flat, self._unravel = ravel_pytree(example)  # shapes only; see unconstrain()
         self.dim = int(flat.size)
         self.coordinate_names, self.coordinate_sites = _flat_names(example)
-        # vmap over a block's draws, or lax.map where jaxlib's LAPACK could deadlock (lapack_guard)
-        self._unconstrain_block = jax.jit(lambda c, d: map_over_draws(self._unconstrain_one, c, d))
-        self._score_block = jax.jit(lambda b, d: map_over_draws(lambda bb, dd: self._score_one(bb["x"], dd), b, d))
+        # vmap over a block's draws, or lax.map where jaxlib's LAPACK could deadlock (lapack_guard);
+        # the data are arguments, never constants (large data; arrays spanning several processes)
+        self._unconstrain_block = jit_with_data(lambda c, d, a, k: map_over_draws(
+            lambda cc, dd: self._unconstrain_one(cc, dd, a, k), c, d), self.model_args, self.model_kwargs)
+        self._score_block = jit_with_data(lambda b, d, a, k: map_over_draws(
+            lambda bb, dd: self._score_one(bb["x"], dd, a, k), b, d), self.model_args, self.model_kwargs)
 
     def _static_sites(self):
         """Name → {shape, discrete, unconstrained_shape} of every latent sample site (one cheap trace)."""
@@ -160,19 +164,19 @@ class ModelScores:
         continuous, discrete = self.split(samples)
         return self._blocked(self._unconstrain_block, continuous, discrete)
 
-    def _unconstrain_one(self, constrained, discrete):
+    def _unconstrain_one(self, constrained, discrete, model_args, model_kwargs):
         """Flat unconstrained point of one draw (dependent supports handled by NumPyro)."""
         model = handlers.substitute(self.model, data=discrete) if discrete else self.model
         with warnings.catch_warnings():  # NumPyro's notice about enumerating discrete sites
             warnings.filterwarnings("ignore", "Some algorithms will automatically enumerate")
-            z = unconstrain_fn(model, self.model_args, self.model_kwargs, constrained)
+            z = unconstrain_fn(model, model_args, model_kwargs, constrained)
         return ravel_pytree({n: z[n] for n in self.continuous_sites})[0]
 
     # -- scores ----------------------------------------------------------------------------
-    def _score_one(self, flat, discrete):
+    def _score_one(self, flat, discrete, model_args, model_kwargs):
         model = handlers.substitute(self.model, data=discrete) if discrete else self.model
         grad = jax.grad(
-            lambda x: -potential_energy(model, self.model_args, self.model_kwargs, self._unravel(x))
+            lambda x: -potential_energy(model, model_args, model_kwargs, self._unravel(x))
         )
         return grad(flat)
 
@@ -198,7 +202,7 @@ class ModelScores:
                 f"the model has discrete latent sites {self.discrete_sites}; a single score "
                 "function of the continuous coordinates is not defined."
             )
-        return lambda flat: self._score_one(flat, {})
+        return lambda flat: self._score_one(flat, {}, self.model_args, self.model_kwargs)
 
     def _blocked(self, fn, batched: dict, discrete: dict):
         """``fn(batched, discrete)`` (jitted, vmapped) over rows, ``block_size`` rows at a time."""

@@ -112,7 +112,9 @@ def npy_from_parquet(path, columns, out_path, dtype=np.float32, batch_rows: int 
 
     single = isinstance(columns, str)
     columns = [columns] if single else list(columns)
-    source = pq.ParquetFile(str(path))
+    # no pre-buffering, a small read buffer: pyarrow's default buffers whole row groups and kept
+    # ≈ 5 GB in its pool while streaming a 4 GB file (measured); this way ≈ 0.2 GB
+    source = pq.ParquetFile(str(path), pre_buffer=False, buffer_size=1 << 20)
     N = source.metadata.num_rows
     shape = (N,) if single else (N, len(columns))
     out = np.lib.format.open_memmap(str(out_path), mode="w+", dtype=dtype, shape=shape)

@@ -18,7 +18,8 @@ from numpyro.infer.util import potential_energy
 
 from numpyro_sg.infer.handlers import mask_plate_rows, with_indices, without_plate_sites
 
-__all__ = ["prior_log_density_fn", "fisher_diagonal", "full_value_and_grad_fn", "per_datum_loglik_grads"]
+__all__ = ["prior_log_density_fn", "fisher_diagonal", "fisher_sums", "fisher_from_sums", "fisher_groups",
+           "full_value_and_grad_fn", "per_datum_loglik_grads"]
 
 
 def prior_log_density_fn(model: Callable, plates, model_args=(), model_kwargs=None) -> Callable:
@@ -33,6 +34,40 @@ def prior_log_density_fn(model: Callable, plates, model_args=(), model_kwargs=No
                                  model_args, model_kwargs, params)
 
     return prior_log_density
+
+
+def fisher_groups(rows: int, group_size: int = 8, block: int = 64) -> tuple[int, int, int]:
+    """``(c, B, nb)`` of :func:`fisher_diagonal` for ``rows`` index rows: c rows per group, groups
+    visited B at a time in nb blocks (G = nb·B groups; all rows when fewer than c·B)."""
+    c = int(max(1, min(group_size, rows // 2)))
+    B = int(min(block, rows // c))
+    return c, B, (rows // c) // B
+
+
+def fisher_sums(plate, log_density, prior_log_density, x, indices, group_size: int = 8, block: int = 64):
+    """``(Σ_g L_g, Σ_g L_g²)`` over the groups of :func:`fisher_diagonal` (its sufficient
+    statistics: sums over the strata of sharded data add up)."""
+    N = plate.size
+    idx = indices[plate.name]
+    c, B, nb = fisher_groups(idx.shape[0], group_size, block)
+    groups = idx[: nb * B * c].reshape(nb, B, c)
+    g_prior = jax.grad(prior_log_density)(x)
+
+    def body(carry, blk):
+        s1, s2 = carry
+        g = jax.vmap(lambda i: jax.grad(log_density)(x, {plate.name: i}))(blk)
+        L = (g - g_prior) * (c / N)
+        return (s1 + L.sum(0), s2 + (L**2).sum(0)), None
+
+    zeros = jnp.zeros_like(x)
+    (s1, s2), _ = jax.lax.scan(body, (zeros, zeros), groups)
+    return s1, s2
+
+
+def fisher_from_sums(s1, s2, n_groups: int, N: int, c: int):
+    """N·Var_g(L_g)/c from the sums of :func:`fisher_sums` over ``n_groups`` groups of c rows."""
+    var = (s2 - s1**2 / n_groups) / max(n_groups - 1, 1)
+    return N * jnp.maximum(var, 0.0) / c
 
 
 def fisher_diagonal(plate, log_density, prior_log_density, x, indices, group_size: int = 8,
@@ -52,26 +87,9 @@ def fisher_diagonal(plate, log_density, prior_log_density, x, indices, group_siz
 
     ``log_density(x, indices)`` and ``prior_log_density(x)`` take the flat point.
     """
-    N = plate.size
-    idx = indices[plate.name]
-    c = int(max(1, min(group_size, idx.shape[0] // 2)))
-    G = idx.shape[0] // c
-    B = int(min(block, G))
-    nb = G // B
-    groups = idx[: nb * B * c].reshape(nb, B, c)
-    g_prior = jax.grad(prior_log_density)(x)
-
-    def body(carry, blk):
-        s1, s2 = carry
-        g = jax.vmap(lambda i: jax.grad(log_density)(x, {plate.name: i}))(blk)
-        L = (g - g_prior) * (c / N)
-        return (s1 + L.sum(0), s2 + (L**2).sum(0)), None
-
-    zeros = jnp.zeros_like(x)
-    (s1, s2), _ = jax.lax.scan(body, (zeros, zeros), groups)
-    n_groups = nb * B
-    var = (s2 - s1**2 / n_groups) / max(n_groups - 1, 1)
-    return N * jnp.maximum(var, 0.0) / c
+    c, B, nb = fisher_groups(indices[plate.name].shape[0], group_size, block)
+    s1, s2 = fisher_sums(plate, log_density, prior_log_density, x, indices, group_size, block)
+    return fisher_from_sums(s1, s2, nb * B, plate.size, c)
 
 
 def full_value_and_grad_fn(model: Callable, plates, unravel, model_args=(), model_kwargs=None,

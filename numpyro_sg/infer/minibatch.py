@@ -343,14 +343,26 @@ class Minibatcher:
         (:func:`~numpyro_sg.infer.full_density.prior_log_density_fn`)."""
         return full_density.prior_log_density_fn(self.model, self.plates, model_args, model_kwargs)
 
-    def fisher_diagonal(self, log_density, prior_log_density, x, indices, group_size: int = 8,
+    def fisher_diagonal(self, unravel, x, indices, group_size: int = 8, model_args=(), model_kwargs=None,
                         block: int = 64):
         """Diagonal of the likelihood's Fisher information N·Var_i(∇ log f(x_i | θ)) at the
-        flat point ``x`` from the rows ``indices`` of the (single) plate, by group gradients
-        (:func:`~numpyro_sg.infer.full_density.fisher_diagonal`)."""
+        flat point ``x`` (``unravel``: flat → params) from the rows ``indices`` of the (single)
+        plate, by group gradients (:func:`~numpyro_sg.infer.full_density.fisher_diagonal`)."""
         (plate,) = self.plates
-        return full_density.fisher_diagonal(plate, log_density, prior_log_density, x, indices,
-                                            group_size, block)
+        log_density = self.log_density_fn(model_args, model_kwargs)
+        prior = self.prior_log_density_fn(model_args, model_kwargs)
+        return full_density.fisher_diagonal(plate, lambda y, i: log_density(unravel(y), i),
+                                            lambda y: prior(unravel(y)), x, indices, group_size, block)
+
+    def cv_noise_sd(self, unravel, x, key, anchor: Anchor, model_args=(), model_kwargs=None):
+        """τ̂ of the control-variate gradient at the flat point ``x`` on one random mini-batch
+        (group estimators, :func:`noise_groups`; the warmup's gradient-noise heat)."""
+        (plate,) = self.plates
+        n = plate.subsample_size
+        idx = {plate.name: draw_with_replacement(key, plate.size, n)}
+        log_density = self.log_density_fn(model_args, model_kwargs)
+        return self.value_grad_noise(lambda y, i: log_density(unravel(y), i), x, idx, anchor=anchor,
+                                     groups=noise_groups(n, x.shape[0]))[2]
 
     def full_value_and_grad_fn(self, unravel, model_args=(), model_kwargs=None,
                                chunk_size: int = 65536) -> Callable:

@@ -138,20 +138,20 @@ class ShardedMinibatcher(Minibatcher):
         prior = full_density.prior_log_density_fn(self.model, self.local_plates, model_args, model_kwargs)
         return -potential_energy(local, model_args, model_kwargs, params) - self._c * prior(params)
 
-    def log_density_fn(self, model_args=(), model_kwargs=None) -> Callable:
-        """``(params, indices) -> log density`` (global block indices), as
-        :meth:`~numpyro_sg.infer.minibatch.Minibatcher.log_density_fn`; its value and gradient come from one all-reduce
-        (a ``jax.custom_jvp`` rule), its second derivatives from one more."""
+    def _reduced(self, local_fn: Callable, model_args, model_kwargs) -> Callable:
+        """``(params, indices) -> Σ_k local_fn(params, block k, shard k's data)`` whose value and
+        gradient come from one all-reduce (a ``jax.custom_jvp`` rule), its second derivatives
+        from one more."""
         model_kwargs = model_kwargs or {}
 
         def reduce(params, indices, with_grad):
             def fn(p, blocks, a, k):
-                f = lambda q: self._local_log_density(q, blocks, a, k)  # noqa: E731
+                f = lambda q: local_fn(q, blocks, a, k)  # noqa: E731
                 return jax.value_and_grad(f)(p) if with_grad else f(p)
 
             return self.shards.reduce(fn, params, indices, model_args, model_kwargs)
 
-        def log_density(params, indices):
+        def total(params, indices):
             @jax.custom_jvp
             def at(p):
                 return reduce(p, indices, False)
@@ -164,7 +164,24 @@ class ShardedMinibatcher(Minibatcher):
 
             return at(params)
 
-        return log_density
+        return total
+
+    def log_density_fn(self, model_args=(), model_kwargs=None) -> Callable:
+        """``(params, indices) -> log density`` (global block indices), as
+        :meth:`~numpyro_sg.infer.minibatch.Minibatcher.log_density_fn`; its value and gradient come
+        from one all-reduce, its second derivatives from one more."""
+        return self._reduced(self._local_log_density, model_args, model_kwargs)
+
+    def prior_log_density_fn(self, model_args=(), model_kwargs=None) -> Callable:
+        """``params -> log p(θ)`` (+ log-Jacobian): each shard evaluates it beside its own rows (the
+        rows do not enter it) and one all-reduce averages the D equal values (no data move)."""
+        D = self.shards.devices
+
+        def local_prior(params, _, a, k):
+            return full_density.prior_log_density_fn(self.model, self.local_plates, a, k)(params) / D
+
+        prior = self._reduced(local_prior, model_args, model_kwargs)
+        return lambda params: prior(params, {})
 
     def estimate_at(self, unravel, flat, indices, *, anchor: Anchor | None = None, noise=False,
                     precond=None, groups=None, model_args=(), model_kwargs=None) -> GradientEstimate:
@@ -208,6 +225,37 @@ class ShardedMinibatcher(Minibatcher):
             return value - c * prior_value, grad - c * prior_grad
 
         return lambda x: self.shards.reduce(fn, x, {}, model_args, model_kwargs)
+
+    def fisher_diagonal(self, unravel, x, indices, group_size: int = 8, model_args=(), model_kwargs=None,
+                        block: int = 64):
+        """The warmup's Fisher diagonal N·Var_i(∇ log f(x_i | θ)) from the stratified rows
+        ``indices``: each shard forms the group sums of
+        :func:`~numpyro_sg.infer.full_density.fisher_sums` on its block, one ``psum`` of 2d floats
+        adds them, and the variance is taken over all D·G groups (``block``/D groups at a time on
+        each shard: the groups of one device given the same rows, up to rounding)."""
+        model_kwargs = model_kwargs or {}
+        (plate,) = self.local_plates
+        local_mb = Minibatcher(self.model, self.local_plates, replace=True)
+        rows = indices[plate.name].shape[0] // self.shards.devices
+        block = max(1, block // self.shards.devices)
+        c, B, nb = full_density.fisher_groups(rows, group_size, block)
+
+        def fn(y, blocks, a, k):
+            log_density = local_mb.log_density_fn(a, k)
+            prior = local_mb.prior_log_density_fn(a, k)
+            return full_density.fisher_sums(plate, lambda t, i: log_density(unravel(t), i),
+                                            lambda t: prior(unravel(t)), y, self._local_indices(blocks),
+                                            group_size, block)
+
+        s1, s2 = self.shards.reduce(fn, x, indices, model_args, model_kwargs)
+        return full_density.fisher_from_sums(s1, s2, self.shards.devices * nb * B, self.plates[0].size, c)
+
+    def cv_noise_sd(self, unravel, x, key, anchor: Anchor, model_args=(), model_kwargs=None):
+        """τ̂ of the control-variate gradient at ``x`` on one stratified mini-batch
+        (:meth:`estimate_at` with the gradient-noise estimate: one all-reduce)."""
+        idx, _ = self.draw(key, None)
+        return self.estimate_at(unravel, x, idx, anchor=anchor, noise=True, model_args=model_args,
+                                model_kwargs=model_kwargs).noise_sd
 
     def postprocess_fn(self, model_args=(), model_kwargs=None) -> Callable:
         """``params -> constrained values`` (deterministic sites included) on each shard's first
@@ -258,17 +306,11 @@ class ShardedMinibatcher(Minibatcher):
 
     def _not_sharded(self, what):
         raise NotImplementedError(
-            f"{what} is not available for data split over a mesh; with the diagonal warmup "
-            "(more than dense_max coordinates) pass warmup_options={'diagonal': 'hutchinson', "
-            "'max_noise_heat': None}, or run it on unsharded data.")
+            f"{what} is not available for data split over a mesh: run it on unsharded data.")
 
     def value_grad_noise(self, *args, **kwargs):
         """Not available on sharded data (the kernels use :meth:`estimate_at`)."""
         self._not_sharded("value_grad_noise (per-datum gradients of a global index set)")
-
-    def fisher_diagonal(self, *args, **kwargs):
-        """Not available on sharded data (see the error's remedy)."""
-        self._not_sharded("The Fisher diagonal of the warmup")
 
     def score_estimator(self, *args, **kwargs):
         """Not available on sharded data: compute Stein discrepancies on unsharded data."""

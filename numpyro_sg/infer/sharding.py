@@ -43,7 +43,7 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["shard_rows", "DataShards", "find_data_shards", "auto_view", "check_not_parallel"]
+__all__ = ["shard_rows", "DataShards", "find_data_shards", "auto_view", "check_not_parallel", "refuse_sharded"]
 
 
 def shard_rows(x, mesh: Mesh, data_axis="data"):
@@ -205,6 +205,16 @@ def check_not_parallel(model_args, model_kwargs, traced: bool):
             "chain_method='parallel' runs one chain per device and cannot also split the data "
             "over the devices of a mesh: use chain_method='vectorized' (all chains on the data "
             "mesh) or 'sequential'.")
+
+
+def refuse_sharded(kernel: str, model_args, model_kwargs):
+    """Raise for a kernel that does not split its work over a data mesh when some data rows are
+    placed on one (rather than let XLA move every mini-batch between the devices)."""
+    if any(_row_axes(x) is not None for x in jax.tree.leaves((model_args, model_kwargs))):
+        raise ValueError(
+            f"{kernel} does not split its work over devices yet: its data rows are placed on a mesh "
+            f"(NamedSharding). Pass the data unsharded (e.g. numpy arrays, or jax.device_get(X)), or "
+            f"use a gradient kernel (SGLD, SGBD, SGHMC, ...), which samples sharded rows.")
 
 
 def auto_view(model_args, model_kwargs):

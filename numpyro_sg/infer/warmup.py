@@ -57,10 +57,9 @@ from numpyro_sg.infer.curvature import (
     positive_curvature,
     whitened_top_eigenvalue,
 )
-from numpyro_sg.infer.indices import draw_with_replacement
 from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.laplace import NewtonResult, damped_newton
-from numpyro_sg.infer.minibatch import Anchor, Minibatcher, noise_groups
+from numpyro_sg.infer.minibatch import Anchor, Minibatcher
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
 from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, break_symmetry, explore_starts, start_ascents,
                                          start_candidates, usual_start)
@@ -167,8 +166,8 @@ class _WarmupPrograms:
         """−diag H(x) as the likelihood's Fisher diagonal minus the prior's Hutchinson diagonal
         (one subsample plate), float64."""
         group_size = self.options.fisher_group_size
-        fisher = self._jit(lambda y, a, k: self.mb.fisher_diagonal(
-            self.log_density(a, k), self.prior(a, k), y, self.rows, group_size=group_size), "fisher")
+        fisher = self._jit(lambda y, a, k: self.mb.fisher_diagonal(self.unravel, y, self.rows, group_size, a, k),
+                           "fisher")
         prior_hvp = self._jit(lambda y, v, a, k: jax.jvp(jax.grad(self.prior(a, k)), (y,), (v,))[1],
                               "prior_hvp")
         probes = random.rademacher(key, (self.options.hutchinson_probes,) + x.shape, x.dtype)
@@ -178,8 +177,8 @@ class _WarmupPrograms:
     def noise_heat(self, x, grad, scale, shrink, key) -> float:
         """:func:`~numpyro_sg.infer.curvature.noise_heat_of` the control-variate gradient noise
         (anchor x) at ``noise_points`` draws x + scale·ξ, in the frame of scale/``shrink``."""
-        noise_sd = self._jit(lambda y, key, anchor, a, k: _cv_noise_sd(
-            self.mb, self.log_density(a, k), y, key, *anchor), "noise_sd")
+        noise_sd = self._jit(lambda y, key, anchor, a, k: self.mb.cv_noise_sd(
+            self.unravel, y, key, Anchor(*anchor), a, k), "noise_sd")
         points = [x + scale * random.normal(random.fold_in(key, 10 + j), x.shape, scale.dtype)
                   for j in range(self.options.noise_points)]
         tau = np.sqrt(np.mean([np.asarray(noise_sd(p, random.fold_in(key, 20 + j), (x, grad)), np.float64) ** 2
@@ -206,16 +205,6 @@ def _adam(flat_ld, mb_opt: Minibatcher, start, options: WarmupOptions, key, step
 
     (x, _), _ = jax.lax.scan(body, (start, opt.init(start)), random.split(key, steps))
     return x
-
-
-def _cv_noise_sd(mb: Minibatcher, flat_ld, y, key, anchor_point, anchor_grad):
-    """τ̂ of the control-variate gradient at ``y`` on one random batch (group means at large
-    n·d)."""
-    (plate,) = mb.plates
-    n = plate.subsample_size
-    idx = {plate.name: draw_with_replacement(key, plate.size, n)}
-    k = noise_groups(n, y.shape[0])
-    return mb.value_grad_noise(flat_ld, y, idx, anchor=Anchor(anchor_point, anchor_grad), groups=k)[2]
 
 
 def _log_density_not_lower(old, new) -> bool:

@@ -42,7 +42,7 @@ import numpy as np
 import xarray as xr
 from numpyro import handlers
 
-from numpyro_sg.arviz_compat import from_numpyro, get_group, has_group, set_group
+from numpyro_sg.arviz_compat import drop_group, from_numpyro, get_group, has_group, set_group
 
 from numpyro_sg.locals.model import MarginalModel
 from numpyro_sg.locals.posterior import add_local_draws, add_local_posterior
@@ -82,6 +82,24 @@ class _FullDataView:
 
     def __getattr__(self, name):
         return getattr(self._mcmc, name)
+
+
+def spans_processes(model_args, model_kwargs) -> bool:
+    """Whether some data array spans devices of other processes (``jax.distributed``): no one
+    process can fetch it."""
+    return any(isinstance(x, jax.Array) and not x.is_fully_addressable
+               for x in jax.tree.leaves((model_args, model_kwargs)))
+
+
+class _without_global_observations(handlers.Messenger):
+    """Observed values that span several processes replaced by an empty array (ArviZ reads the
+    observations into ``observed_data``; such data stay where they are)."""
+
+    def process_message(self, msg):
+        value = msg.get("value")
+        if msg["type"] == "sample" and msg["is_observed"] and isinstance(value, jax.Array) \
+                and not value.is_fully_addressable:
+            msg["value"] = np.zeros((0,), value.dtype)
 
 
 def _observed_size(model, model_args, model_kwargs) -> int:
@@ -283,12 +301,17 @@ def _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood, limi
     latents' posterior group when the model has local latents (and the draws of the
     ``local_groups``' locals in the posterior)."""
     full_model = full_data_model(model, model_args, model_kwargs)
+    several_processes = spans_processes(model_args, model_kwargs)
+    if several_processes:   # N-sized groups would need every process's rows on one host
+        full_model, log_likelihood = _without_global_observations(full_model), False
     if log_likelihood:
         num_samples = next(iter(mcmc.get_samples().values())).shape[0]  # chains × draws
         _check_log_likelihood_size(num_samples, full_model, model_args, model_kwargs, limit_gb)
     view = _FullDataView(mcmc, full_model)
     view._args, view._kwargs = model_args, model_kwargs
     idata = from_numpyro(view, log_likelihood=log_likelihood, **kwargs)
+    if several_processes:
+        drop_group(idata, "observed_data")
     if local_groups is not None:
         if not isinstance(model, MarginalModel):
             raise ValueError("local_groups: the run's model has no local latents (no latent site "

@@ -11,6 +11,7 @@ from numpyro.infer.util import constrain_fn
 
 from numpyro_sg.infer.minibatch import Minibatcher, full_data, jit_with_data, subsample_plates, with_indices
 from numpyro_sg.infer.model_info import trace_model
+from numpyro_sg.infer.sharding import refuse_sharded
 from numpyro_sg.kernels.base import SGKernel, check_positive, split_init_key
 from numpyro_sg.kernels.esgld.options import (
     DEFAULT_WEIGHT_ROWS,
@@ -227,6 +228,7 @@ class ESGLD(SGKernel):
     def _prepare(self, model_args, model_kwargs) -> ESGLDSetup:
         """The static :class:`ESGLDSetup`, from one model trace (and one vectorised check run)."""
         o = self.options
+        refuse_sharded("ESGLD", model_args, model_kwargs)
         info = trace_model(self._model, model_args, model_kwargs)
         plates = subsample_plates(info, self._subsample_size, check_data=self._check_data,
                                   model_args=model_args, model_kwargs=model_kwargs)

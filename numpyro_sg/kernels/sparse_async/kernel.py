@@ -12,6 +12,7 @@ from numpyro.infer.util import constrain_fn
 
 from numpyro_sg.infer.minibatch import full_data, jit_with_data, with_indices
 from numpyro_sg.infer.model_info import trace_model
+from numpyro_sg.infer.sharding import refuse_sharded
 from numpyro_sg.kernels.base import PerDataCache, SGKernel, split_init_key
 from numpyro_sg.kernels.sparse_async.options import SparseAsyncOptions, check_options
 from numpyro_sg.kernels.sparse_async.setup import SPIKE_KEY, initial_values, make_plan
@@ -219,6 +220,7 @@ class SparseAsync(SGKernel):
     def _make_plan(self, model_args, model_kwargs):
         """``(plan, constants, Minibatcher)``: the structure found from one trace of the model."""
         o = self.options
+        refuse_sharded("SparseAsync", model_args, model_kwargs)
         info = trace_model(self._model, model_args, model_kwargs)
         # the GLM family is needed for the fast path and for the default taylor (Gaussian or not)
         detect = o.fast_path != "generic" or (o.variant != "exact" and o.taylor is None)
