@@ -22,6 +22,7 @@ __all__ = [
     "damped_newton_step",
     "line_search",
     "damped_newton",
+    "log_density_not_lower",
     "NewtonResult",
     "laplace_approximation",
     "laplace_scales",
@@ -100,6 +101,14 @@ def line_search(evaluate: Callable, accept: Callable, point, state, step, move: 
             return new_point, new_state, True
         alpha *= 0.5
     return point, state, False
+
+
+def log_density_not_lower(old, new) -> bool:
+    """A line-search test on ``(log π, ∇ log π)`` states: finite, and log π not lower than the
+    old state's (up to a relative 10⁻⁶)."""
+    value, grad = new
+    return bool(np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))
+                and float(value) >= float(old[0]) - 1e-6 * abs(float(old[0])))
 
 
 def damped_newton(evaluate: Callable, point, *, gradient: Callable, curvature: Callable,

@@ -116,31 +116,26 @@ def start_candidates(start, info: ModelInfo, model_args, model_kwargs, num_start
     return jnp.concatenate(parts, axis=0)
 
 
-def explore_starts(starts, adam_many, full_value_and_grad, key, steps: int):
+def explore_starts(starts, adam_many, full_value_and_grad_many, key, steps: int):
     """Short Adam ascents from each start; the best end point by full-data log density.
 
     :param starts: (S, d) starting points (:func:`start_candidates`).
     :param adam_many: ``(xs, keys, steps) -> xs``, Adam on mini-batches from each row of xs.
-    :param full_value_and_grad: ``x -> (log π(x), ∇ log π(x))`` over all the data.
+    :param full_value_and_grad_many: ``xs -> (log π, ∇ log π)`` at each row of xs (S, d), over
+        all the data (one batched pass).
     :param key: key of the mini-batches.
     :param int steps: Adam steps per start.
     :return: ``(best point (d,), log densities of the S end points (non-finite: -inf),
         their full-data gradients (S, d), the end points (S, d))``.
     """
-    # the end points on the host: rows of a NumPy array feed the same compiled program as the
-    # device rows did, without compiling an unstack and a slice per shape
     ends = np.asarray(adam_many(starts, random.split(key, starts.shape[0]), steps))
-    values, grads = [], []
-    for x in ends:
-        value, grad = full_value_and_grad(x)
-        value, grad = float(value), np.asarray(grad, np.float64)
-        ok = np.isfinite(value) and bool(np.all(np.isfinite(grad)))
-        values.append(value if ok else -np.inf)
-        grads.append(grad if ok else np.full_like(grad, np.inf))
-    values = np.asarray(values)
-    if not np.any(np.isfinite(values)):
-        return np.asarray(starts)[0], values, np.asarray(grads), ends
-    return ends[int(np.argmax(values))], values, np.asarray(grads), ends
+    values, grads = full_value_and_grad_many(ends)
+    values, grads = np.asarray(values, np.float64), np.asarray(grads, np.float64)
+    ok = np.isfinite(values) & np.all(np.isfinite(grads), axis=1)
+    values, grads = np.where(ok, values, -np.inf), np.where(ok[:, None], grads, np.inf)
+    if not np.any(ok):
+        return np.asarray(starts)[0], values, grads, ends
+    return ends[int(np.argmax(values))], values, grads, ends
 
 
 #: up to this many coordinates :func:`start_ascents` uses the exact Hessian's diagonal (d
@@ -148,14 +143,14 @@ def explore_starts(starts, adam_many, full_value_and_grad, key, steps: int):
 EXACT_ASCENT_MAX = 64
 
 
-def start_ascents(values, grads, ends, curvature, best_value: float, gap: float) -> tuple:
+def start_ascents(values, grads, ends, curvature_many, best_value: float, gap: float) -> tuple:
     """How much further each start's end point would climb,
     :func:`~numpyro_sg.infer.curvature.predicted_ascent` (½·Σ g_j²/|h_jj|) there.  Computed only
     for the ends more than ``gap`` nats below ``best_value`` (the candidates for another mode;
-    0 for the others, ``inf`` for non-finite ones); ``curvature(x)`` gives −H (d, d) or
-    −diag H (d,) at x."""
-    out = []
-    for value, grad, x in zip(values, grads, ends):
-        far = np.isfinite(value) and best_value - value > gap
-        out.append(predicted_ascent(grad, curvature(x)) if far else (0.0 if np.isfinite(value) else np.inf))
-    return tuple(out)
+    0 for the others, ``inf`` for non-finite ones); ``curvature_many(xs)`` gives −diag H (S', d)
+    at the rows of xs (S', d), all those ends at once."""
+    far = [bool(np.isfinite(value) and best_value - value > gap) for value in values]
+    picked = [x for x, f in zip(ends, far) if f]
+    curvatures = iter(curvature_many(np.stack(picked)) if picked else ())
+    return tuple(predicted_ascent(grad, next(curvatures)) if f else (0.0 if np.isfinite(value) else np.inf)
+                 for value, grad, f in zip(values, grads, far))

@@ -50,6 +50,7 @@ from tqdm.auto import tqdm
 from numpyro_sg.infer.curvature import (
     columns_within_memory,
     dense_or_fallback,
+    hessian_diagonals,
     hessian_from_products,
     hutchinson_diagonal,
     laplace_preconditioner,
@@ -58,7 +59,7 @@ from numpyro_sg.infer.curvature import (
     whitened_top_eigenvalue,
 )
 from numpyro_sg.infer.jit_data import jit_with_data
-from numpyro_sg.infer.laplace import NewtonResult, damped_newton
+from numpyro_sg.infer.laplace import NewtonResult, damped_newton, log_density_not_lower
 from numpyro_sg.infer.minibatch import Anchor, Minibatcher
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
 from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, break_symmetry, explore_starts, start_ascents,
@@ -111,6 +112,13 @@ class _WarmupPrograms:
         return self._jit(lambda x, a, k: self.mb.full_value_and_grad_fn(self.unravel, a, k, chunk)(x),
                          "full_value_and_grad")
 
+    def full_value_and_grad_many(self, xs):
+        """(log π, ∇ log π) at each row of xs (S, d) in one pass over the data (chunks of
+        ``chunk_size``/S rows: the memory of one pass)."""
+        chunk = max(1024, self.options.chunk_size // xs.shape[0])
+        return self._jit(lambda ys, a, k: jax.vmap(self.mb.full_value_and_grad_fn(self.unravel, a, k, chunk))(ys),
+                         "full_value_and_grad_many", chunk)(xs)
+
     @cached_property
     def hvp_block(self):
         """``(y, V) -> (H(y)·v for the rows v of V)`` on the Hessian's rows (V = I: H(y))."""
@@ -130,6 +138,15 @@ class _WarmupPrograms:
                 self.hvp_block.temp_bytes(y, jnp.zeros((1, d), y.dtype)), d)
         H = hessian_from_products(lambda V: self.hvp_block(y, V), d, self.hessian_block, y.dtype)
         return -0.5 * (H + H.T)
+
+    def diagonal_curvatures(self, ys, key):
+        """−diag H at each row of ys (S, d), float64: exact, in one program, up to
+        ``EXACT_ASCENT_MAX`` coordinates; else :meth:`diagonal_curvature` per row."""
+        if ys.shape[1] > EXACT_ASCENT_MAX:
+            return np.stack([self.diagonal_curvature(y, key) for y in ys])
+        fn = self._jit(lambda zs, a, k: hessian_diagonals(lambda t: self.log_density(a, k)(t, self.rows), zs),
+                       "hessian_diagonals")
+        return -np.asarray(fn(ys), np.float64)
 
     def diagonal_curvature(self, y, key, num_probes: int = 16):
         """−diag H(y) by :func:`~numpyro_sg.infer.curvature.hutchinson_diagonal`, float64."""
@@ -207,20 +224,13 @@ def _adam(flat_ld, mb_opt: Minibatcher, start, options: WarmupOptions, key, step
     return x
 
 
-def _log_density_not_lower(old, new) -> bool:
-    """The line search's test on ``(log π, ∇ log π)``: finite, and log π not lower."""
-    value, grad = new
-    return bool(np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))
-                and float(value) >= float(old[0]) - 1e-6 * abs(float(old[0])))
-
-
 def _newton(full_vg, x, curvature, options: WarmupOptions, dense: bool, dtype) -> NewtonResult:
     """The Newton refinement (module docstring): :func:`~numpyro_sg.infer.laplace.damped_newton`
     on the full-data ``(log π, ∇ log π)``, the trial points rounded to ``dtype``."""
     tol = options.tolerance if dense else max(options.tolerance, options.diagonal_tolerance)
     return damped_newton(
         full_vg, x, gradient=lambda s: np.asarray(s[1], np.float64),
-        curvature=lambda y, _: curvature(y), accept=_log_density_not_lower,
+        curvature=lambda y, _: curvature(y), accept=log_density_not_lower,
         max_steps=options.newton_steps, tolerance=tol,
         move=lambda y, alpha, step: jnp.asarray(np.asarray(y, np.float64) + alpha * step, dtype),
     )
@@ -297,9 +307,8 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
             return raw_curvature(y)
         newton = _newton(programs.full_value_and_grad, x, curvature, options, dense, dtype)
         (x, (value, grad)) = newton.point, newton.state
-        # the starts' ascents need only −H's diagonal: Hutchinson's above a few dozen coordinates
-        ascent_curvature = (raw_curvature if d <= EXACT_ASCENT_MAX
-                            else lambda y: programs.diagonal_curvature(y, key_probe))
+        ascents = start_ascents(*starts, lambda ys: programs.diagonal_curvatures(ys, key_probe), float(value),
+                                options.multimodal_gap)
         bar.set_postfix_str("preconditioner")
         precond, stiffness, noise_heat = _mode_preconditioner(programs, x, grad, curvature, dense,
                                                               key_probe, dtype)
@@ -308,7 +317,7 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
         preconditioner=precond, converged=newton.converged, newton_steps=newton.steps,
         seconds=time.perf_counter() - start_time, stiffness=float(stiffness),
         noise_heat=float(noise_heat), start_log_densities=tuple(float(v) for v in starts[0]),
-        start_ascents=start_ascents(*starts, ascent_curvature, float(value), options.multimodal_gap))
+        start_ascents=ascents)
 
 
 def _variational_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe,
@@ -346,7 +355,7 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         small = {p.size: min(p.subsample_size, options.start_batch_size) for p in mb.plates}
         x, values, grads, ends = explore_starts(
             starts, lambda xs, keys, n: programs.adam_many(xs, keys, n, small),
-            programs.full_value_and_grad, random.fold_in(key_opt, 4), options.start_steps)
+            programs.full_value_and_grad_many, random.fold_in(key_opt, 4), options.start_steps)
     bar.update(1)
     if steps > 0:
         bar.set_postfix_str("optimizer")
