@@ -29,7 +29,10 @@ from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.minibatch import discover_plates, full_data
 from numpyro_sg.infer.model_info import improper_to_uniform
 
-__all__ = ["full_data_model", "ModelScores"]
+__all__ = ["full_data_model", "ModelScores", "SCORE_MEMORY"]
+
+#: bytes of temporaries one block of scored draws may take: fewer draws per block above it
+SCORE_MEMORY = 2**28
 
 
 def full_data_model(model, model_args=(), model_kwargs=None):
@@ -71,8 +74,9 @@ class ModelScores:
     :param model: the NumPyro model (subsample plates are switched to their full data).
     :param model_args: positional arguments of the model (the data).
     :param model_kwargs: keyword arguments of the model.
-    :param int block_size: number of draws scored per vectorised evaluation (memory is
-        O(block_size · N) for a model with N data).
+    :param int block_size: the most draws scored per vectorised evaluation (memory is
+        O(block_size · N) for a model with N data: fewer when one block's temporaries, from
+        XLA's memory analysis, would exceed :data:`SCORE_MEMORY`).
 
     Attributes: ``continuous_sites`` (names, in flat order), ``discrete_sites``,
     ``coordinate_names`` (one per flat unconstrained coordinate, e.g. ``"theta[3]"``),
@@ -99,6 +103,7 @@ class ModelScores:
         self.model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
         self.model = full_data_model(model, self.model_args, self.model_kwargs)
         self.block_size = int(block_size)
+        self._programs = {}  # (function, row shapes and dtypes) → (rows per block, program)
         sites = self._static_sites()
         self.discrete_sites = sorted(n for n, info in sites.items() if info["discrete"])
         # sorted: ravel_pytree flattens a dict in sorted-key order
@@ -159,6 +164,18 @@ class ModelScores:
         discrete = {n: np.asarray(samples[n]) for n in self.discrete_sites}
         return continuous, discrete
 
+    def coordinate_indices(self, var_names=None) -> np.ndarray:
+        """Flat indices of the coordinates of the continuous sites ``var_names`` (a name or a
+        list, in flat order; ``None``: all ``dim``)."""
+        if var_names is None:
+            return np.arange(self.dim)
+        names = [var_names] if isinstance(var_names, str) else list(var_names)
+        unknown = [n for n in names if n not in self.continuous_sites]
+        if unknown:
+            raise KeyError(f"var_names: {unknown} are not continuous latent sites of the model; "
+                           f"those are {self.continuous_sites}.")
+        return np.flatnonzero(np.isin(np.asarray(self.coordinate_sites), names))
+
     def unconstrain(self, samples: dict) -> np.ndarray:
         """Flat unconstrained coordinates (S, dim) of constrained draws ``{site: (S, …)}``."""
         continuous, discrete = self.split(samples)
@@ -205,22 +222,41 @@ class ModelScores:
         return lambda flat: self._score_one(flat, {}, self.model_args, self.model_kwargs)
 
     def _blocked(self, fn, batched: dict, discrete: dict):
-        """``fn(batched, discrete)`` (jitted, vmapped) over rows, ``block_size`` rows at a time."""
-        arrays = {**{("b", k): v for k, v in batched.items()},
-                  **{("d", k): v for k, v in discrete.items()}}
+        """``fn(batched, discrete)`` (vmapped) over rows, a block of rows at a time
+        (:meth:`_program`)."""
+        arrays = {**{("b", k): np.asarray(v) for k, v in batched.items()},
+                  **{("d", k): np.asarray(v) for k, v in discrete.items()}}
         num = next(iter(arrays.values())).shape[0]
+        size, program = self._program(fn, arrays)
         out = []
-        for start in range(0, num, self.block_size):
-            stop = min(start + self.block_size, num)
-            pad = self.block_size - (stop - start)  # fixed block shape: one compilation
-            block = {
-                k: np.pad(v[start:stop], [(0, pad)] + [(0, 0)] * (v.ndim - 1), mode="edge")
-                for k, v in arrays.items()
-            }
-            b = {k[1]: v for k, v in block.items() if k[0] == "b"}
-            d = {k[1]: v for k, v in block.items() if k[0] == "d"}
-            out.append(np.asarray(fn(b, d))[: stop - start])
+        for start in range(0, num, size):
+            stop = min(start + size, num)
+            b, d = _padded_block(arrays, start, stop, size)  # fixed block shape: one compilation
+            out.append(np.asarray(program(b, d))[: stop - start])
         return np.concatenate(out, axis=0)
+
+    def _program(self, fn, arrays: dict):
+        """``(rows, program)``: ``fn`` compiled for blocks of ``block_size`` rows, or of fewer
+        when XLA's memory analysis puts one block's temporaries above :data:`SCORE_MEMORY`
+        (a model with 10⁵ data and 10⁵ parameters); compiled once per function and row shapes."""
+        key = (fn, tuple((k, v.dtype.str, v.shape[1:]) for k, v in arrays.items()))
+        if key not in self._programs:
+            size = self.block_size
+            program, temp = fn.compile(*_padded_block(arrays, 0, 1, size))
+            if temp > SCORE_MEMORY and size > 1:
+                size = max(1, int(size * SCORE_MEMORY // temp))
+                program, _ = fn.compile(*_padded_block(arrays, 0, 1, size))
+            self._programs[key] = (size, program)
+        return self._programs[key]
+
+
+def _padded_block(arrays: dict, start: int, stop: int, size: int):
+    """Rows ``start:stop`` of every array, padded to ``size`` rows by repeating the last one,
+    split into the ``(batched, discrete)`` dicts."""
+    block = {k: np.pad(v[start:stop], [(0, size - (stop - start))] + [(0, 0)] * (v.ndim - 1),
+                       mode="edge") for k, v in arrays.items()}
+    return ({k[1]: v for k, v in block.items() if k[0] == "b"},
+            {k[1]: v for k, v in block.items() if k[0] == "d"})
 
 
 def _flat_names(example: dict):

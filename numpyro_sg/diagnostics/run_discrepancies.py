@@ -44,6 +44,9 @@ def resolve_run_scales(preconditioner, stein, scores: ModelScores | None = None)
     if isinstance(preconditioner, str) and preconditioner == "laplace":
         if scores is None:
             raise ValueError("preconditioner='laplace' needs the model (pass model=…).")
+        if pooled.shape[1] != scores.dim:
+            raise ValueError("preconditioner='laplace' needs every coordinate (its mode search "
+                             "runs on the whole model); with var_names use 'sd' or an array.")
         return np.asarray(laplace_scales(scores.score_fn(), pooled.mean(axis=0)))
     return resolve_scales(preconditioner, pooled)
 
@@ -79,14 +82,15 @@ def ksd_of_stein(stein, scales, *, per_chain=False, per_coordinate=False, **opti
     return fn(x, scores=s, preconditioner=scales, **options)
 
 
-def _scaled_stein(obj, model, model_args, model_kwargs, preconditioner, max_draws):
+def _scaled_stein(obj, model, model_args, model_kwargs, preconditioner, max_draws, var_names):
     """A run's ``stein`` dataset (:func:`stein_of`) and its scales (:func:`resolve_run_scales`)."""
-    stein, scores = stein_of(obj, model, model_args, model_kwargs, max_draws)
+    stein, scores = stein_of(obj, model, model_args, model_kwargs, max_draws, var_names)
     return stein, resolve_run_scales(preconditioner, stein, scores)
 
 
 def ksd_of_run(obj, *, model=None, model_args=None, model_kwargs=None, preconditioner="sd",
-               max_draws: int | None = 1000, per_coordinate: bool = False, **options):
+               max_draws: int | None = 1000, per_coordinate: bool = False, var_names=None,
+               **options):
     """Pooled KSD of an ``MCMC`` run or ``InferenceData``, on the unconstrained space.
 
     Scores are full-data (every subsample plate switched to all of its data).  An
@@ -104,6 +108,7 @@ def ksd_of_run(obj, *, model=None, model_args=None, model_kwargs=None, precondit
     :param max_draws: at most this many evenly spaced draws per chain are scored when the
         scores are computed from the model (``None``: all).
     :param bool per_coordinate: the per-coordinate terms (an array) instead of the KSD.
+    :param var_names: sites whose coordinates enter the KSD (a name or a list; default all).
     :param options: options of :func:`numpyro_sg.diagnostics.ksd.ksd` (``c``, ``beta``,
         ``statistic``, ``thin``, ``block_size``).
     :return: float (an array (d,) when ``per_coordinate``).
@@ -121,16 +126,18 @@ def ksd_of_run(obj, *, model=None, model_args=None, model_kwargs=None, precondit
     >>> bool(value > 0)
     True
     """
-    stein, scales = _scaled_stein(obj, model, model_args, model_kwargs, preconditioner, max_draws)
+    stein, scales = _scaled_stein(obj, model, model_args, model_kwargs, preconditioner, max_draws,
+                                  var_names)
     return ksd_of_stein(stein, scales, per_coordinate=per_coordinate, **options)
 
 
 def fssd_of_run(obj, *, model=None, model_args=None, model_kwargs=None, preconditioner="sd",
-                max_draws: int | None = 1000, **options):
+                max_draws: int | None = 1000, var_names=None, **options):
     """FSSD² of an ``MCMC`` run or ``InferenceData``, on the unconstrained space.
 
     The run's scored draws are found and preconditioned as by :func:`ksd_of_run` (same
-    ``model``, ``model_args``, ``model_kwargs``, ``preconditioner`` and ``max_draws``), pooled
+    ``model``, ``model_args``, ``model_kwargs``, ``preconditioner``, ``max_draws`` and
+    ``var_names``), pooled
     over the chains, and passed to :func:`numpyro_sg.diagnostics.fssd.fssd`.
 
     :param options: options of :func:`numpyro_sg.diagnostics.fssd.fssd` (``num_locations``,
@@ -152,6 +159,7 @@ def fssd_of_run(obj, *, model=None, model_args=None, model_kwargs=None, precondi
     >>> bool(fssd_of_run(run(0.0), **options) < fssd_of_run(run(1.0), **options))
     True
     """
-    stein, scales = _scaled_stein(obj, model, model_args, model_kwargs, preconditioner, max_draws)
+    stein, scales = _scaled_stein(obj, model, model_args, model_kwargs, preconditioner, max_draws,
+                                  var_names)
     x, s = stein_arrays(stein, pooled=True)
     return fssd(x, scores=s, preconditioner=scales, **options)

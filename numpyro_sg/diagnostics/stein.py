@@ -35,7 +35,7 @@ def _dispatch(name, x, score, scores, options, *, of_run, of_draws, run_args, kw
 
 def ksd(x, score=None, *, scores=None, c=1.0, beta=-0.5, preconditioner="sd", per_coordinate=False,
         statistic="v", thin=None, block_size=None, model=None, model_args=None, model_kwargs=None,
-        **kwargs):
+        var_names=None, **kwargs):
     """Kernel Stein discrepancy of draws, or of a run, from π: IMQ kernel (Gorham & Mackey 2017).
 
     KSD = √((1/T²)·Σ_{t,t'} k_π(θ_t, θ_t')) with k_π the IMQ Stein kernel of Gorham & Mackey
@@ -58,6 +58,10 @@ def ksd(x, score=None, *, scores=None, c=1.0, beta=-0.5, preconditioner="sd", pe
     :param model_args: (run input) the model's positional arguments (default: those the
         ``MCMC`` ran with).
     :param model_kwargs: (run input) the model's keyword arguments (likewise).
+    :param var_names: (run input) the sites to diagnose, a name or a list (default: every
+        continuous site).  The way to diagnose a model with tens of thousands of parameters:
+        ``nsg.ksd(mcmc, var_names=["mu_u", "prec_u"], per_coordinate=True)`` scores each kept
+        draw with the whole model but stores and compares only those sites' coordinates.
     :param kwargs: (run input) further options of
         :func:`~numpyro_sg.diagnostics.model_scores.ksd_of_run` (``max_draws``).
     :return: float (an array (d,) for a run with ``per_coordinate=True``).
@@ -74,6 +78,8 @@ def ksd(x, score=None, *, scores=None, c=1.0, beta=-0.5, preconditioner="sd", pe
     and ``nsg.ksd(idata, model=model, model_args=(X, y))`` scores any ``InferenceData``.
     """
     run_args = dict(model=model, model_args=model_args, model_kwargs=model_kwargs)
+    if var_names is not None:
+        kwargs["var_names"] = var_names
     options = dict(c=c, beta=beta, preconditioner=preconditioner, per_coordinate=per_coordinate,
                    statistic=statistic, thin=thin, block_size=block_size)
     return _dispatch("ksd", x, score, scores, options, of_run=ksd_of_run, of_draws=ksd_of_draws,

@@ -16,7 +16,7 @@ from numpyro_sg.arviz_compat import get_group, has_group
 from numpyro_sg.diagnostics.full_data_scores import ModelScores
 
 __all__ = ["STEIN_GROUP", "thin_indices", "run_samples", "run_model", "stein_dataset",
-           "stein_arrays", "stein_of"]
+           "select_sites", "stein_arrays", "stein_of"]
 
 #: the name of the ``InferenceData`` group of scored draws
 STEIN_GROUP = "stein"
@@ -101,12 +101,22 @@ def run_model(obj, model=None, model_args=None, model_kwargs=None):
     return model, tuple(model_args), dict(model_kwargs or {})
 
 
-def stein_dataset(samples: dict, scores: ModelScores, max_draws: int | None = 1000):
+def stein_dataset(samples: dict, scores: ModelScores, max_draws: int | None = 1000,
+                  var_names=None):
     """The ``stein`` group: evenly thinned draws per chain, unconstrained, with their scores.
+
+    The draws are unconstrained and scored ``scores.block_size`` at a time, and only the
+    coordinates of ``var_names`` are kept from each block: memory O(block · d + draws ·
+    kept coordinates), so a model with 10⁵ parameters can be diagnosed on a few sites.  The
+    scores of kept coordinates are components of the full score ∇ log π at the whole draw, so
+    the Stein identity E_π[s_j(θ)·f(θ_S) + ∂_j f(θ_S)] = 0 (j in the kept set S) still holds
+    and the KSD of the kept coordinates is zero for exact draws.
 
     :param samples: constrained draws ``{site: (chains, draws, …)}``.
     :param scores: the model's :class:`ModelScores`.
     :param max_draws: at most this many draws per chain (``None``: all).
+    :param var_names: continuous latent sites whose coordinates to keep (a name or a list;
+        ``None``: all).
     :return: an ``xarray.Dataset`` with ``unconstrained`` and ``score`` of dims
         ``(chain, draw, coordinate)`` (``draw`` holds the indices of the kept draws).
 
@@ -122,25 +132,50 @@ def stein_dataset(samples: dict, scores: ModelScores, max_draws: int | None = 10
     >>> dict(stein.sizes)
     {'chain': 2, 'draw': 20, 'coordinate': 3}
     """
+    columns = scores.coordinate_indices(var_names)
     first = samples[scores.continuous_sites[0]]
     num_chains, num_draws = first.shape[:2]
     keep = thin_indices(num_draws, max_draws)
-    flat = {k: v[:, keep].reshape((-1,) + v.shape[2:]) for k, v in samples.items()}
-    continuous, discrete = scores.split(flat)
-    x = scores.unconstrain({**continuous, **discrete})
-    s = scores.score(x, discrete)
-    shape = (num_chains, len(keep), scores.dim)
+    chain_of, draw_of = np.repeat(np.arange(num_chains), len(keep)), np.tile(keep, num_chains)
+    x = np.empty((len(chain_of), len(columns)), first.dtype)
+    s = np.empty_like(x)
+    for start in range(0, len(chain_of), scores.block_size):
+        rows = slice(start, start + scores.block_size)
+        block = {k: np.asarray(v)[chain_of[rows], draw_of[rows]] for k, v in samples.items()}
+        continuous, discrete = scores.split(block)
+        xb = scores.unconstrain({**continuous, **discrete})
+        x[rows], s[rows] = xb[:, columns], scores.score(xb, discrete)[:, columns]
+    shape = (num_chains, len(keep), len(columns))
     dims = ("chain", "draw", "coordinate")
     coords = {
         "chain": np.arange(num_chains),
         "draw": keep,
-        "coordinate": scores.coordinate_names,
-        "site": ("coordinate", scores.coordinate_sites),
+        "coordinate": [scores.coordinate_names[j] for j in columns],
+        "site": ("coordinate", [scores.coordinate_sites[j] for j in columns]),
     }
     return xr.Dataset(
         {"unconstrained": (dims, x.reshape(shape)), "score": (dims, s.reshape(shape))},
         coords=coords,
     )
+
+
+def select_sites(stein, var_names):
+    """The coordinates of the sites ``var_names`` (a name or a list; ``None``: all) of a stored
+    ``stein`` group.
+
+    :raises KeyError: naming the sites the group has no coordinates of.
+    """
+    if var_names is None:
+        return stein
+    names = [var_names] if isinstance(var_names, str) else list(var_names)
+    sites = np.asarray(stein["site"].values) if "site" in stein.coords else None
+    if sites is None:
+        raise KeyError("this stein group has no 'site' coordinate; var_names cannot be applied.")
+    missing = [n for n in names if n not in set(sites.tolist())]
+    if missing:
+        raise KeyError(f"var_names: the stein group has no coordinates of {missing}; it holds "
+                       f"{sorted(set(sites.tolist()))}.")
+    return stein.isel(coordinate=np.flatnonzero(np.isin(sites, names)))
 
 
 def stein_arrays(stein, pooled: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -169,7 +204,8 @@ def stein_arrays(stein, pooled: bool = False) -> tuple[np.ndarray, np.ndarray]:
     return x, s
 
 
-def stein_of(obj, model=None, model_args=None, model_kwargs=None, max_draws: int | None = 1000):
+def stein_of(obj, model=None, model_args=None, model_kwargs=None, max_draws: int | None = 1000,
+             var_names=None):
     """A run's ``stein`` dataset (stored, or computed from the model) and its ModelScores.
 
     Without a model (neither ``model=`` nor an ``MCMC``'s own), the ``stein`` group stored by
@@ -181,6 +217,8 @@ def stein_of(obj, model=None, model_args=None, model_kwargs=None, max_draws: int
     :param model_args: its positional arguments (default: those the ``MCMC`` ran with).
     :param model_kwargs: its keyword arguments (default: those the ``MCMC`` ran with).
     :param max_draws: at most this many draws per chain are scored (``None``: all).
+    :param var_names: keep only these sites' coordinates (:func:`stein_dataset`,
+        :func:`select_sites`; ``None``: all).
     :return: ``(stein, scores)``: an ``xarray.Dataset`` and a :class:`ModelScores` or ``None``.
     :raises ValueError: if there is neither a model nor a stored ``stein`` group.
 
@@ -199,10 +237,10 @@ def stein_of(obj, model=None, model_args=None, model_kwargs=None, max_draws: int
     model, model_args, model_kwargs = run_model(obj, model, model_args, model_kwargs)
     if model is None:
         if has_group(obj, STEIN_GROUP):
-            return get_group(obj, STEIN_GROUP), None
+            return select_sites(get_group(obj, STEIN_GROUP), var_names), None
         raise ValueError(
             "this InferenceData has no 'stein' group (scored draws); pass model=, model_args= "
             "(and model_kwargs=) so the full-data scores can be computed."
         )
     scores = ModelScores(model, model_args, model_kwargs)
-    return stein_dataset(run_samples(obj), scores, max_draws), scores
+    return stein_dataset(run_samples(obj), scores, max_draws, var_names), scores

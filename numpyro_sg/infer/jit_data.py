@@ -28,7 +28,9 @@ def jit_with_data(fn, model_args, model_kwargs, key=None):
     compiled program is shared by every call with the same key and the same static leaves:
     ``key`` must then determine everything ``fn`` computes besides its arguments and the data
     (``fn`` closes over no array), so that data of the same shapes reuse one compilation.
-    ``g.temp_bytes(*args)`` is the compiled program's temporary memory at those arguments.
+    ``g.temp_bytes(*args)`` is the compiled program's temporary memory at those arguments;
+    ``g.compile(*args)`` is ``(h, temp_bytes)`` with ``h(*args)`` running the program compiled
+    ahead of time for arguments of those shapes (one compilation for both).
     """
     leaves, treedef = jax.tree.flatten((model_args, model_kwargs))
     dynamic = tuple(is_data(x) for x in leaves)
@@ -54,4 +56,10 @@ def jit_with_data(fn, model_args, model_kwargs, key=None):
 
     # bytes of temporaries the program needs at these arguments (compiles it once more)
     run.temp_bytes = lambda *args: compiled.lower(args, arrays).compile().memory_analysis().temp_size_in_bytes
+
+    def ahead_of_time(*args):
+        executable = compiled.lower(args, arrays).compile()
+        return (lambda *a: executable(a, arrays)), executable.memory_analysis().temp_size_in_bytes
+
+    run.compile = ahead_of_time
     return run

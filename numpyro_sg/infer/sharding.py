@@ -42,8 +42,10 @@ from jax import random
 from jax.flatten_util import ravel_pytree
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from numpyro import handlers
 
-__all__ = ["shard_rows", "DataShards", "find_data_shards", "auto_view", "check_not_parallel", "refuse_sharded"]
+__all__ = ["shard_rows", "DataShards", "find_data_shards", "auto_view", "check_not_parallel", "refuse_sharded",
+           "spans_processes", "without_global_observations"]
 
 
 def shard_rows(x, mesh: Mesh, data_axis="data"):
@@ -232,3 +234,21 @@ def auto_view(model_args, model_kwargs):
         return jax.device_put(x, NamedSharding(auto, sharding.spec))
 
     return jax.tree.map(view, (model_args, model_kwargs))
+
+
+def spans_processes(model_args, model_kwargs) -> bool:
+    """Whether some data array spans devices of other processes (``jax.distributed``): no one
+    process can fetch it."""
+    return any(isinstance(x, jax.Array) and not x.is_fully_addressable
+               for x in jax.tree.leaves((model_args, model_kwargs)))
+
+
+class without_global_observations(handlers.Messenger):
+    """Observed values that span several processes replaced by an empty array (ArviZ reads the
+    observations into ``observed_data``; such data stay where they are)."""
+
+    def process_message(self, msg):
+        value = msg.get("value")
+        if msg["type"] == "sample" and msg["is_observed"] and isinstance(value, jax.Array) \
+                and not value.is_fully_addressable:
+            msg["value"] = np.zeros((0,), value.dtype)

@@ -58,7 +58,7 @@ from numpyro_sg.diagnostics.model_scores import (
     stein_dataset,
 )
 from numpyro_sg.infer.model_info import improper_to_uniform
-from numpyro_sg.infer.sharding import auto_view
+from numpyro_sg.infer.sharding import auto_view, spans_processes, without_global_observations
 from numpyro_sg.results.chains import (
     DIVERGED_AT_ATTR,
     DIVERGED_ATTR,
@@ -74,32 +74,19 @@ _KSD_OPTIONS = ("c", "beta", "statistic", "block_size")
 
 
 class _FullDataView:
-    """Duck-typed stand-in for an ``MCMC`` object whose ``sampler.model`` uses the full data."""
+    """Duck-typed stand-in for an ``MCMC`` object whose ``sampler.model`` uses the full data
+    and whose draws are those of the sites ``keep`` (``None``: all)."""
 
-    def __init__(self, mcmc, model):
-        self._mcmc = mcmc
+    def __init__(self, mcmc, model, keep=None):
+        self._mcmc, self._keep = mcmc, keep
         self.sampler = SimpleNamespace(model=model)
+
+    def get_samples(self, group_by_chain=False):
+        samples = self._mcmc.get_samples(group_by_chain=group_by_chain)
+        return samples if self._keep is None else {k: samples[k] for k in self._keep}
 
     def __getattr__(self, name):
         return getattr(self._mcmc, name)
-
-
-def spans_processes(model_args, model_kwargs) -> bool:
-    """Whether some data array spans devices of other processes (``jax.distributed``): no one
-    process can fetch it."""
-    return any(isinstance(x, jax.Array) and not x.is_fully_addressable
-               for x in jax.tree.leaves((model_args, model_kwargs)))
-
-
-class _without_global_observations(handlers.Messenger):
-    """Observed values that span several processes replaced by an empty array (ArviZ reads the
-    observations into ``observed_data``; such data stay where they are)."""
-
-    def process_message(self, msg):
-        value = msg.get("value")
-        if msg["type"] == "sample" and msg["is_observed"] and isinstance(value, jax.Array) \
-                and not value.is_fully_addressable:
-            msg["value"] = np.zeros((0,), value.dtype)
 
 
 def _observed_size(model, model_args, model_kwargs) -> int:
@@ -171,7 +158,7 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
                       ksd_draws: int | None = 1000, preconditioner="sd", ksd_options: dict | None = None,
                       log_likelihood_limit_gb: float | None = 1.0, sampling_time: float | None = None,
                       model=None, model_args=None, model_kwargs=None, check: bool = True,
-                      local_groups=None, **kwargs):
+                      local_groups=None, var_names=None, **kwargs):
     """ArviZ data of an MCMC run (``InferenceData``; ``xarray.DataTree`` with ArviZ ≥ 1), with KSD.
 
     Works for the ``numpyro_sg`` kernels and for any NumPyro kernel (NUTS too).  The groups
@@ -199,6 +186,10 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
         also drawn, one draw b_g ~ p(b_g | y_g, θ) per kept draw θ, into the ``posterior`` group
         (dims ``(chain, draw, <plate>, …)``; :func:`numpyro_sg.locals.posterior.local_draws`,
         with its size guard).  Every group's mean and sd are in ``local_posterior`` regardless.
+    :param var_names: keep only these sites (a name or a list) in ``posterior`` and ``stein``,
+        and compute the KSD on their coordinates: for models with tens of thousands of
+        parameters, where every site's draws and scores would not fit (each kept draw is still
+        scored with the whole model, a block at a time; :func:`numpyro_sg.ksd`).
     :param bool check: for a run of one of this package's kernels, run
         :func:`numpyro_sg.check_convergence` on it first (a :class:`~numpyro_sg.ConvergenceWarning` names
         the sites at fault; NumPyro's ``MCMC`` has no end-of-run hook, so this is where the
@@ -225,24 +216,25 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     ksd_options = _checked_ksd_options(mcmc, ksd_options, check)
     model, model_args, model_kwargs = run_model(mcmc, model, model_args, model_kwargs)
     model_args, model_kwargs = auto_view(model_args, model_kwargs)  # data on an Explicit mesh
+    scores = ModelScores(model, model_args, model_kwargs)
+    scores.coordinate_indices(var_names)  # unknown names fail before any work
     idata = _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood,
-                             log_likelihood_limit_gb, kwargs, local_groups)
-    scores = _finish(idata, ModelScores(model, model_args, model_kwargs), sampling_time)
+                             log_likelihood_limit_gb, kwargs, local_groups, var_names)
+    _finish(idata, scores, sampling_time)
     diverged = _record_diverged(idata, mcmc)
     if ksd:
-        score_and_attach_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options, diverged)
+        score_and_attach_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options, diverged,
+                             var_names)
     return idata
 
 
 def _finish(idata, scores, sampling_time):
-    """Record ``sampling_time``, cast discrete sites, name the coordinate dims (in place);
-    return ``scores``."""
+    """Record ``sampling_time``, cast discrete sites, name the coordinate dims (in place)."""
     if sampling_time is not None:
         idata.posterior.attrs["sampling_time"] = float(sampling_time)
     cast_discrete(idata, scores.discrete_sites)
     if has_group(idata, "sample_stats"):
         _name_coordinate_dims(idata, scores.coordinate_names)
-    return scores
 
 
 def _record_diverged(idata, mcmc) -> list:
@@ -261,11 +253,12 @@ def _record_diverged(idata, mcmc) -> list:
     return diverged
 
 
-def score_and_attach_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options, diverged=()):
-    """Score the run's draws and :func:`attach_ksd` (scales and pooled KSD without the
-    ``diverged`` chains), recording the time it took."""
+def score_and_attach_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options, diverged=(),
+                         var_names=None):
+    """Score the run's draws (the coordinates of ``var_names``) and :func:`attach_ksd` (scales
+    and pooled KSD without the ``diverged`` chains), recording the time it took."""
     start = time.perf_counter()
-    stein = stein_dataset(run_samples(mcmc), scores, ksd_draws)
+    stein = stein_dataset(run_samples(mcmc), scores, ksd_draws, var_names)
     scales = resolve_run_scales(preconditioner, _kept_chains(stein, diverged), scores)
     attach_ksd(idata, stein, scales, preconditioner, ksd_options, diverged=diverged)
     idata.sample_stats.attrs["ksd_seconds"] = time.perf_counter() - start
@@ -296,20 +289,23 @@ def _checked_ksd_options(mcmc, ksd_options, check=False) -> dict:
 
 
 def _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood, limit_gb, kwargs,
-                     local_groups=None):
-    """``az.from_numpyro`` of the run seen through its model on the full data, with the local
-    latents' posterior group when the model has local latents (and the draws of the
-    ``local_groups``' locals in the posterior)."""
+                     local_groups=None, var_names=None):
+    """``az.from_numpyro`` of the run seen through its model on the full data (the posterior
+    of the sites ``var_names`` only), with the local latents' posterior group when the model
+    has local latents (and the draws of the ``local_groups``' locals in the posterior)."""
     full_model = full_data_model(model, model_args, model_kwargs)
     several_processes = spans_processes(model_args, model_kwargs)
     if several_processes:   # N-sized groups would need every process's rows on one host
-        full_model, log_likelihood = _without_global_observations(full_model), False
+        full_model, log_likelihood = without_global_observations(full_model), False
     if log_likelihood:
         num_samples = next(iter(mcmc.get_samples().values())).shape[0]  # chains × draws
         _check_log_likelihood_size(num_samples, full_model, model_args, model_kwargs, limit_gb)
-    view = _FullDataView(mcmc, full_model)
+    keep = None if var_names is None else [var_names] if isinstance(var_names, str) else list(var_names)
+    view = _FullDataView(mcmc, full_model, None if log_likelihood else keep)  # (it needs every site)
     view._args, view._kwargs = model_args, model_kwargs
     idata = from_numpyro(view, log_likelihood=log_likelihood, **kwargs)
+    if keep is not None and log_likelihood:
+        set_group(idata, "posterior", get_group(idata, "posterior")[keep])
     if several_processes:
         drop_group(idata, "observed_data")
     if local_groups is not None:
