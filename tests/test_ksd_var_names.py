@@ -120,3 +120,17 @@ def test_diagnostics_of_chosen_sites_at_fifty_thousand_parameters():
     assert out["d"] == 50_040 and out["coordinates"] == 40 and out["per_coordinate"] == 20, out
     assert out["posterior"] == ["mu_u", "mu_v", "prec_u", "prec_v"] and out["finite"], out
     assert out["growth_mb"] < 1024, out
+
+
+def test_a_run_of_chosen_sites_compares_with_a_full_reference(exact):
+    """``compare_to_reference`` of a run converted with ``var_names`` against a NUTS reference
+    of every site: the table and the common-scale KSD use the run's sites (the reference's
+    ``stein`` group is cut to them; it used to refuse the different coordinates)."""
+    y, _, _ = exact
+    idata = nsg.to_inference_data(_tiny_run(y), var_names="mu")
+    ref = nsg.nuts_reference(model, y, num_warmup=300, num_samples=500, progress_bar=False)
+    table = nsg.compare_to_reference(idata, ref)
+    assert list(table.index) == ["mu"] and np.isfinite(table.attrs["ksd"])
+    scale = ref.stein["unconstrained"].sel(coordinate=["mu"]).values.reshape(-1, 1).std(axis=0, ddof=1)
+    np.testing.assert_allclose(table.attrs["ksd_reference"],
+                               nsg.ksd(ref, var_names="mu", preconditioner=scale), rtol=1e-5)

@@ -278,9 +278,8 @@ def compare_to_reference(idata, reference, *, var_names=None, reference_names: d
     t_run, t_ref = _sampling_time(run), _sampling_time(ref)
     table = _comparison_table(x, r, t_run, t_ref)
     sd, ref_sd = table["sd"].to_numpy(), table["ref_sd"].to_numpy()
-    table.attrs["xi_sd"] = float(np.linalg.norm(sd - ref_sd) / np.linalg.norm(ref_sd))
-    table.attrs["sampling_time"] = t_run
-    table.attrs["reference_sampling_time"] = t_ref
+    table.attrs.update(xi_sd=float(np.linalg.norm(sd - ref_sd) / np.linalg.norm(ref_sd)),
+                       sampling_time=t_run, reference_sampling_time=t_ref)
     if ksd:
         table.attrs.update(_common_scale_ksd(run, ref, model, model_args, model_kwargs, ksd_draws))
     if has_group(run, LOCAL_GROUP):  # local latents: per-group rows in attrs["locals"]
@@ -295,17 +294,13 @@ def _shared_variables(run, ref, var_names) -> list:
         var_names = [var_names] if isinstance(var_names, str) else list(var_names)
         missing = [v for v in var_names if v not in common]
         if missing:
-            raise KeyError(
-                f"{missing} are not in both posteriors (shared: {common}); "
-                "rename reference variables with reference_names={ref_name: site}."
-            )
+            raise KeyError(f"{missing} are not in both posteriors (shared: {common}); "
+                           "rename reference variables with reference_names={ref_name: site}.")
         common = var_names
     if not common:
-        raise ValueError(
-            f"the run ({list(run.posterior.data_vars)}) and the reference "
-            f"({list(ref.posterior.data_vars)}) share no variable; pass "
-            "reference_names={reference name: site name}."
-        )
+        raise ValueError(f"the run ({list(run.posterior.data_vars)}) and the reference "
+                         f"({list(ref.posterior.data_vars)}) share no variable; pass "
+                         "reference_names={reference name: site name}.")
     for name in common:
         a, b = run.posterior[name].shape[2:], ref.posterior[name].shape[2:]
         if a != b:
@@ -348,11 +343,14 @@ def _common_scale_ksd(run, ref, model, model_args, model_kwargs, ksd_draws) -> d
     ref_stein = _reference_stein(ref, scores, ksd_draws)
     if run_stein is None or ref_stein is None:
         return {"ksd": np.nan, "ksd_reference": np.nan, "ksd_note": "pass model= to score"}
-    if list(run_stein["coordinate"].values) != list(ref_stein["coordinate"].values):
+    run_coords, ref_coords = list(run_stein["coordinate"].values), list(ref_stein["coordinate"].values)
+    if run_coords != ref_coords and set(run_coords) <= set(ref_coords):  # the run kept some sites (var_names)
+        ref_stein = ref_stein.sel(coordinate=run_coords)
+    elif run_coords != ref_coords:
         if scores is None or not has_group(run, LOCAL_GROUP):
-            raise ValueError("the run and the reference have different unconstrained coordinates; for a run "
-                             "with local latents pass model=, model_args= (the run's) to score both on the "
-                             "globals' marginal, or ksd=False.")
+            raise ValueError("the run and the reference have different unconstrained coordinates; for a run with "
+                             "local latents pass model=, model_args= (the run's) to score both on the globals' "
+                             "marginal, or ksd=False.")
         # the reference's draws of the globals, scored on the run's (marginal) model
         ref_stein = stein_dataset(_draws(ref), scores, ksd_draws)
     x_ref, _ = stein_arrays(ref_stein)
