@@ -54,12 +54,10 @@ def jit_with_data(fn, model_args, model_kwargs, key=None):
     def run(*args):
         return compiled(args, arrays)
 
-    # bytes of temporaries the program needs at these arguments (compiles it once more)
-    run.temp_bytes = lambda *args: compiled.lower(args, arrays).compile().memory_analysis().temp_size_in_bytes
-
     def ahead_of_time(*args):
         executable = compiled.lower(args, arrays).compile()
         return (lambda *a: executable(a, arrays)), executable.memory_analysis().temp_size_in_bytes
 
     run.compile = ahead_of_time
+    run.temp_bytes = lambda *args: ahead_of_time(*args)[1]  # (compiles the program once more)
     return run
