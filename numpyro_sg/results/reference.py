@@ -344,15 +344,15 @@ def _common_scale_ksd(run, ref, model, model_args, model_kwargs, ksd_draws) -> d
     if run_stein is None or ref_stein is None:
         return {"ksd": np.nan, "ksd_reference": np.nan, "ksd_note": "pass model= to score"}
     run_coords, ref_coords = list(run_stein["coordinate"].values), list(ref_stein["coordinate"].values)
-    if run_coords != ref_coords and set(run_coords) <= set(ref_coords):  # the run kept some sites (var_names)
+    if run_coords != ref_coords and scores is not None and has_group(run, LOCAL_GROUP):
+        ref_stein = stein_dataset(_draws(ref), scores, ksd_draws)  # the globals, on the run's marginal
+    elif run_coords != ref_coords and set(run_coords) <= set(ref_coords) and not has_group(run, LOCAL_GROUP):
+        # the run kept some sites (var_names); a run with local latents needs the marginal's scores
         ref_stein = ref_stein.sel(coordinate=run_coords)
     elif run_coords != ref_coords:
-        if scores is None or not has_group(run, LOCAL_GROUP):
-            raise ValueError("the run and the reference have different unconstrained coordinates; for a run with "
-                             "local latents pass model=, model_args= (the run's) to score both on the globals' "
-                             "marginal, or ksd=False.")
-        # the reference's draws of the globals, scored on the run's (marginal) model
-        ref_stein = stein_dataset(_draws(ref), scores, ksd_draws)
+        raise ValueError("the run and the reference have different unconstrained coordinates; for a run with "
+                         "local latents pass model=, model_args= (the run's) to score both on the globals' "
+                         "marginal, or ksd=False.")
     x_ref, _ = stein_arrays(ref_stein)
     scales = x_ref.reshape(-1, x_ref.shape[-1]).std(axis=0, ddof=1)
     options = {
