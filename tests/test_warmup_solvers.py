@@ -217,7 +217,8 @@ def test_hutchinson_diagonal_against_the_exact_diagonal():
     y = (X @ rng.normal(size=d) + rng.normal(size=N)).astype(np.float32)
     neg_h = X.astype(np.float64).T @ X.astype(np.float64) + np.eye(d) / 2.0**2
     options = WarmupOptions(optimizer_steps=0, dense_max=2, diagonal="hutchinson",
-                            stabilise_diagonal=False, max_noise_heat=None, seed=0)
+                            stabilise_diagonal=False, max_noise_heat=None, max_minibatch_stiffness=None,
+                            seed=0)
     fit, _, _ = fit_model_mode(linear_model, (X, y), options=options)
     estimate = 1.0 / np.asarray(fit.preconditioner.scale, np.float64) ** 2
     exact = np.diag(neg_h)

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 from jax import random
 
-__all__ = ["variational_adam", "INITIAL_SD"]
+__all__ = ["variational_adam", "adam_ascent", "INITIAL_SD"]
 
 #: the variational sds at the start (on the unconstrained space), as NumPyro's ``AutoNormal``
 INITIAL_SD = 0.1
@@ -57,3 +57,21 @@ def variational_adam(flat_ld, mb, start, learning_rate: float, key, steps: int):
 
     ((m, rho), _), _ = jax.lax.scan(body, (params, opt.init(params)), random.split(key, steps))
     return m, jnp.exp(rho)
+
+
+def adam_ascent(flat_ld, mb, start, learning_rate: float, key, steps: int):
+    """``steps`` Adam steps (optax, cosine-decayed ``learning_rate``) maximising the mini-batch
+    log density ``flat_ld(x, indices)`` from ``start``: the mode search's stochastic phase (a
+    ``lax.scan``, call inside ``jit``; a non-finite gradient skips its step)."""
+    opt = optax.adam(optax.cosine_decay_schedule(learning_rate, max(steps, 1), alpha=0.01))
+
+    def body(carry, k):
+        x, state = carry
+        idx, _ = mb.draw(k, None)
+        g = jax.grad(flat_ld)(x, idx)
+        ok = jnp.all(jnp.isfinite(g))
+        updates, new_state = opt.update(-jnp.where(ok, g, 0.0), state, x)
+        return (jnp.where(ok, optax.apply_updates(x, updates), x), new_state), None
+
+    (x, _), _ = jax.lax.scan(body, (start, opt.init(start)), random.split(key, steps))
+    return x

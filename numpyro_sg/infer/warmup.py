@@ -41,7 +41,6 @@ from functools import cached_property
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax import random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer import init_to_uniform
@@ -68,7 +67,7 @@ from numpyro_sg.infer.plates import subsample_plates
 from numpyro_sg.infer.programs import placement_key, tree_signature
 from numpyro_sg.infer.preconditioner import Preconditioner, from_working
 from numpyro_sg.infer.sharding import auto_view
-from numpyro_sg.infer.variational import variational_adam
+from numpyro_sg.infer.variational import adam_ascent, variational_adam
 from numpyro_sg.infer.warmup_options import ModeFit, WarmupOptions
 
 #: re-exported: ``laplace_preconditioner``, ``whitened_top_eigenvalue``, ``noise_heat_of``
@@ -154,10 +153,12 @@ class _WarmupPrograms:
         return -np.asarray(hutchinson_diagonal(lambda v: self.hvp(y, v), probes), np.float64)
 
     def adam(self, x, key, steps: int, batches: dict):
-        """``steps`` Adam steps from x on mini-batches of sizes ``batches`` (:func:`_adam`)."""
+        """``steps`` Adam steps from x on mini-batches of sizes ``batches``
+        (:func:`~numpyro_sg.infer.variational.adam_ascent`)."""
         plates = [dataclasses.replace(p, subsample_size=batches[p.size]) for p in self.mb.plates]
         mb_opt = self.mb.with_plates(plates)
-        adam = self._jit(lambda x, key, a, k: _adam(self.log_density(a, k), mb_opt, x, self.options,
+        rate = self.options.learning_rate
+        adam = self._jit(lambda x, key, a, k: adam_ascent(self.log_density(a, k), mb_opt, x, rate,
                                                     key, steps), "adam", steps, tuple(plates))
         return adam(x, key)
 
@@ -165,10 +166,9 @@ class _WarmupPrograms:
         """:meth:`adam` from each row of xs (one vectorised program; the multi-start phase)."""
         plates = [dataclasses.replace(p, subsample_size=batches[p.size]) for p in self.mb.plates]
         mb_opt = self.mb.with_plates(plates)
-        options = dataclasses.replace(self.options, learning_rate=self.options.start_learning_rate)
-        adam = self._jit(lambda xs, keys, a, k: jax.vmap(lambda x, key: _adam(
-            self.log_density(a, k), mb_opt, x, options, key, steps))(xs, keys), "adam_many", steps,
-            tuple(plates))
+        rate = self.options.start_learning_rate
+        adam = self._jit(lambda xs, keys, a, k: jax.vmap(lambda x, key: adam_ascent(
+            self.log_density(a, k), mb_opt, x, rate, key, steps))(xs, keys), "adam_many", steps, tuple(plates))
         return adam(xs, keys)
 
     def variational(self, x, key, steps: int, batches: dict):
@@ -191,6 +191,16 @@ class _WarmupPrograms:
         prior = hutchinson_diagonal(lambda v: prior_hvp(x, v), probes)
         return np.asarray(fisher(x), np.float64) - np.asarray(prior, np.float64)
 
+    def minibatch_stiffness(self, x, scale, key, batches: int = 2) -> float:
+        """λ_S: the top eigenvalue of S·(−H_B)·S, H_B the Hessian of the kernels' mini-batch log
+        density at x (its likelihood scaled by N/n), largest over ``batches`` mini-batches."""
+        hvp = self._jit(lambda y, v, idx, a, k: -jax.jvp(jax.grad(lambda t: self.log_density(a, k)(t, idx)),
+                                                          (y,), (v,))[1], "minibatch_hvp")
+        draws = [self.mb.draw(random.fold_in(key, 30 + b), self.mb.init_batch_state(random.fold_in(key, 40 + b)))[0]
+                 for b in range(batches)]
+        return max(whitened_top_eigenvalue(lambda v, idx=idx: hvp(x, v, idx), scale, random.fold_in(key, 50))
+                   for idx in draws)
+
     def noise_heat(self, x, grad, scale, shrink, key) -> float:
         """:func:`~numpyro_sg.infer.curvature.noise_heat_of` the control-variate gradient noise
         (anchor x) at ``noise_points`` draws x + scale·ξ, in the frame of scale/``shrink``."""
@@ -201,27 +211,6 @@ class _WarmupPrograms:
         tau = np.sqrt(np.mean([np.asarray(noise_sd(p, random.fold_in(key, 20 + j), (x, grad)), np.float64) ** 2
                                for j, p in enumerate(points)], axis=0))
         return noise_heat_of(tau * np.asarray(scale, np.float64) / shrink)
-
-
-def _adam(flat_ld, mb_opt: Minibatcher, start, options: WarmupOptions, key, steps):
-    """``optimizer_steps`` Adam steps maximising the mini-batch log density (a ``lax.scan``).
-
-    ``flat_ld(x, indices)`` is the flat mini-batch log density; call inside ``jit``.
-    """
-    schedule = optax.cosine_decay_schedule(options.learning_rate, max(steps, 1), alpha=0.01)
-    opt = optax.adam(schedule)
-
-    def body(carry, k):
-        x, state = carry
-        idx, _ = mb_opt.draw(k, None)
-        g = jax.grad(flat_ld)(x, idx)
-        ok = jnp.all(jnp.isfinite(g))
-        updates, new_state = opt.update(-jnp.where(ok, g, 0.0), state, x)
-        new_x = optax.apply_updates(x, updates)
-        return (jnp.where(ok, new_x, x), new_state), None
-
-    (x, _), _ = jax.lax.scan(body, (start, opt.init(start)), random.split(key, steps))
-    return x
 
 
 def _newton(full_vg, x, curvature, options: WarmupOptions, dense: bool, dtype) -> NewtonResult:
@@ -248,6 +237,9 @@ def _diagonal_preconditioner(programs: _WarmupPrograms, x, grad, neg_h, key, dty
         noise_heat = programs.noise_heat(x, grad, scale, shrink, key)
         if noise_heat > options.max_noise_heat:
             shrink *= np.sqrt(noise_heat / options.max_noise_heat)
+    if options.max_minibatch_stiffness is not None:
+        batch_stiffness = programs.minibatch_stiffness(x, scale / jnp.asarray(shrink, dtype), key)
+        shrink *= np.sqrt(max(batch_stiffness / options.max_minibatch_stiffness, 1.0))
     return Preconditioner(scale=scale / jnp.asarray(shrink, dtype)), stiffness, noise_heat
 
 
