@@ -239,7 +239,8 @@ def _diagonal_preconditioner(programs: _WarmupPrograms, x, grad, neg_h, key, dty
             shrink *= np.sqrt(noise_heat / options.max_noise_heat)
     if options.max_minibatch_stiffness is not None:
         batch_stiffness = programs.minibatch_stiffness(x, scale / jnp.asarray(shrink, dtype), key)
-        shrink *= np.sqrt(max(batch_stiffness / options.max_minibatch_stiffness, 1.0))
+        if batch_stiffness > options.max_minibatch_stiffness:  # sparse rows: shrink to λ_B = 1
+            shrink *= np.sqrt(batch_stiffness)
     return Preconditioner(scale=scale / jnp.asarray(shrink, dtype)), stiffness, noise_heat
 
 
