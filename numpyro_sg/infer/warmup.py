@@ -192,7 +192,7 @@ class _WarmupPrograms:
         return np.asarray(fisher(x), np.float64) - np.asarray(prior, np.float64)
 
     def minibatch_stiffness(self, x, scale, key, batches: int = 2) -> float:
-        """λ_S: the top eigenvalue of S·(−H_B)·S, H_B the Hessian of the kernels' mini-batch log
+        """λ_B: the top eigenvalue of S·(−H_B)·S, H_B the Hessian of the kernels' mini-batch log
         density at x (its likelihood scaled by N/n), largest over ``batches`` mini-batches."""
         hvp = self._jit(lambda y, v, idx, a, k: -jax.jvp(jax.grad(lambda t: self.log_density(a, k)(t, idx)),
                                                           (y,), (v,))[1], "minibatch_hvp")
