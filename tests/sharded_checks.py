@@ -8,6 +8,7 @@ import sys
 if __name__ == "__main__":  # (imported by multiprocess_checks.py, which sets its own devices)
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 
+import functools  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 
@@ -65,13 +66,15 @@ def mesh(kind="explicit", shape=(D,), names=("data",)):
 
 
 def collectives(hlo: str) -> list:
-    """``(op, element count)`` of every collective in a compiled program's text."""
+    """``(op, element count)`` of every collective in a compiled program's text (a tuple-shaped
+    one, e.g. ``(f32[12], f32[12,12]) all-reduce(...)``, counts all its elements)."""
     out = []
     for line in hlo.splitlines():
-        m = re.search(r"=\s*\(?(\w+)\[([\d,]*)\][^ ]*\s+(all-reduce|all-gather|all-to-all|"
-                      r"collective-permute|reduce-scatter)(-start)?\(", line)
+        m = re.search(r"=\s*(.*?)\s+(all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter)"
+                      r"(-start)?\(", line)
         if m:
-            out.append((m.group(3), int(np.prod([int(s) for s in m.group(2).split(",") if s]))))
+            shapes = re.findall(r"\w+\[([\d,]*)\]", m.group(1))
+            out.append((m.group(2), int(sum(np.prod([int(s) for s in d.split(",") if s]) for d in shapes))))
     return out
 
 
@@ -237,6 +240,75 @@ def check_diagonal():
             "heat": [one["heat"], sharded["heat"]]}
 
 
+P_SS = 12
+
+
+def spike_slab(X, y, n=NB):
+    """A spike-and-slab logistic regression (ESGLD's default informed, control-variate path)."""
+    N_, p = X.shape
+    g = numpyro.sample("gamma", dist.Bernoulli(0.1).expand([p]).to_event(1))
+    th = numpyro.sample("theta", dist.Normal(0.0, jnp.where(g == 1, 2.0, 0.05)).to_event(1))
+    with numpyro.plate("data", N_, subsample_size=n):
+        Xb = numpyro.subsample(X, event_dim=1)
+        numpyro.sample("y", dist.Bernoulli(logits=Xb @ (th * g)), obs=numpyro.subsample(y, event_dim=0))
+
+
+def spike_slab_data():
+    """Three clear effects, one borderline (inclusion ≈ 0.9), eight nulls; rows sorted by the
+    first feature so that the four shards differ."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(N, P_SS)).astype(np.float32)
+    b = np.zeros(P_SS)
+    b[:4] = [1.0, -0.7, 0.5, 0.12]
+    y = (rng.random(N) < 1 / (1 + np.exp(-X @ b))).astype(np.float32)
+    order = np.argsort(X[:, 0])
+    return X[order], y[order]
+
+
+def _esgld_draws(args, n, samples):
+    mcmc = MCMC(nsg.ESGLD(functools.partial(spike_slab, n=n)), num_warmup=500, num_samples=samples,
+                num_chains=4, chain_method="vectorized", progress_bar=False, jit_model_args=True)
+    mcmc.run(jax.random.PRNGKey(0), *args)
+    s = mcmc.get_samples()
+    return mcmc, np.asarray(s["beta"], np.float64), np.asarray(s["inclusion_rb"], np.float64)
+
+
+def check_esgld_posterior():
+    """ESGLD (defaults, n = 100) on 4 shards against one device, the same keys: the first four
+    coefficients' means and sds, and the mean Rao-Blackwellised inclusion."""
+    X, y = spike_slab_data()
+    _, b1, r1 = _esgld_draws((X, y), NB, 3000)
+    _, b2, r2 = _esgld_draws((shard_rows(X, mesh()), shard_rows(y, mesh())), NB, 3000)
+    sd = b1.std(0)[:4]
+    return {"mean_diff_sd": ((b2.mean(0) - b1.mean(0))[:4] / sd).tolist(),
+            "sd_ratio": (b2.std(0)[:4] / sd).tolist(),
+            "inclusion_diff": float(np.max(np.abs(r2.mean(0) - r1.mean(0))))}
+
+
+def check_esgld():
+    """ESGLD with a full batch (n = N: the same sums, in another order) on 4 shards and on one
+    device, the collectives of its compiled step, its InferenceData and what it refuses."""
+    X, y = spike_slab_data()
+    sharded = (shard_rows(X, mesh()), shard_rows(y, mesh()))
+    _, b1, r1 = _esgld_draws((X, y), N, 200)
+    mcmc, b2, r2 = _esgld_draws(sharded, N, 200)
+    out = {"max_abs_diff": float(np.max(np.abs(b2 - b1))), "inclusion_diff": float(np.max(np.abs(r2 - r1)))}
+    mcmc = MCMC(nsg.ESGLD(spike_slab), num_warmup=5, num_samples=5, progress_bar=False, jit_model_args=True)
+    mcmc.run(jax.random.PRNGKey(0), *sharded)
+    hlo = jax.jit(mcmc.sampler.sample).lower(mcmc.last_state, sharded, {}).compile().as_text()
+    out["collectives"] = collectives(hlo)
+    out["constant"] = largest_constant(hlo)
+    out["idata_groups"] = sorted(group_names(nsg.to_inference_data(mcmc, check=False)))
+
+    def run(kernel, jit=True):
+        MCMC(kernel, num_warmup=3, num_samples=3, progress_bar=False, jit_model_args=jit).run(
+            jax.random.PRNGKey(0), *sharded)
+
+    out["paper"] = _error(lambda: run(nsg.ESGLD(spike_slab, proposal="paper")))
+    out["jit_model_args"] = _error(lambda: run(nsg.ESGLD(spike_slab), jit=False))
+    return out
+
+
 def _error(fn) -> str:
     try:
         fn()
@@ -263,7 +335,6 @@ def check_errors():
         "hard_coded": _error(lambda: run(nsg.SGLD(hard_coded), *args)),
         "batch": _error(lambda: run(nsg.SGLD(logistic, subsample_size=102), *args)),
         "replace": _error(lambda: run(nsg.SGLD(logistic, replace=False), *args)),
-        "esgld": _error(lambda: run(nsg.ESGLD(logistic), *args)),
         "sparse_async": _error(lambda: run(nsg.SparseAsync(logistic), *args)),
     }
     Xnan = X.copy()

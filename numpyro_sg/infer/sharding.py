@@ -139,6 +139,21 @@ class DataShards:
         in_specs = (jax.tree.map(lambda _: P(), replicated), specs)
         return jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=P())(replicated, arrays)
 
+    def replicated(self, fn: Callable, state, model_args, model_kwargs):
+        """``fn(state, model_args, model_kwargs)`` run on every shard's local data with the same
+        ``state`` (e.g. a whole sampler step: same keys, same decisions everywhere), which must
+        come out the same on every device: ``fn`` sums its row sums over the data axes itself
+        (``jax.lax.psum``), and differentiates only what does not involve the rows' sums.
+        No communication but ``fn``'s own reductions."""
+        arrays, specs, rebuild = self._split(model_args, model_kwargs)
+
+        def body(s, local):
+            return fn(s, *rebuild(local))
+
+        # check_vma off: a replicated value must not be pcast (its gradients would be psum'd)
+        return jax.shard_map(body, mesh=self.mesh, in_specs=(P(), specs), out_specs=P(),
+                             check_vma=False)(state, arrays)
+
     def varying(self, x):
         """``x`` marked as differing between the data shards (float leaves only)."""
         if jnp.issubdtype(jnp.result_type(x), jnp.inexact):

@@ -63,9 +63,11 @@ class CVBatch(NamedTuple):
     d2_hat: Any
 
 
-def glm_anchor(full: GLMBatch, family: GLMFamily, beta) -> GLMAnchor:
+def glm_anchor(full: GLMBatch, family: GLMFamily, beta, total=None) -> GLMAnchor:
     """g = Σ_i x_i·ℓ'_i(η̂_i) and H = Σ_i x_i x_iᵀ·ℓ''_i(η̂_i) of the full data ``full`` (a
     :class:`~numpyro_sg.spike_slab.GLMBatch` at β̂ = ``beta``, scale 1): O(N·p²), one product.
+    ``total`` sums g and H over data shards (``full`` one shard's rows; one reduction of
+    p + p² floats), ``None`` on one device.
 
     **Example:**
 
@@ -76,8 +78,9 @@ def glm_anchor(full: GLMBatch, family: GLMFamily, beta) -> GLMAnchor:
     d1 = full.scale * family.dloglik(full.eta, full.y, full.params)
     d2 = full.scale * family.d2loglik(full.eta, full.y, full.params)
     X = full.X
-    grad = X.T @ d1
-    hess = X.T @ (d2[:, None] * X)
+    grad, hess = X.T @ d1, X.T @ (d2[:, None] * X)
+    if total is not None:
+        grad, hess = total((grad, hess))
     return GLMAnchor(jnp.asarray(beta, grad.dtype), grad, 0.5 * (hess + hess.T))
 
 
@@ -136,10 +139,11 @@ def hess_matvec(hess, v, max_nonzero: int | None = None):
     return lax.cond(count <= small, lambda: gathered(small), lambda: gathered(max_nonzero))
 
 
-def cv_loglik_gradient(surrogate_grad, cvb: CVBatch, family: GLMFamily, eta):
+def cv_loglik_gradient(surrogate_grad, cvb: CVBatch, family: GLMFamily, eta, total=None):
     """∇_β L̂ = G + Xᵀ_S·(N/n)·(ℓ'_i(η_i) − ℓ'_i(η̂_i) − ℓ''_i(η̂_i)·(η_i − η̂_i)): the
     control-variate gradient of the log-likelihood in β at the state whose surrogate gradient
-    is G = g + H·(β − β̂) and mini-batch predictor η (O(n·p)).
+    is G = g + H·(β − β̂) and mini-batch predictor η (O(n·p)).  ``total`` sums the mini-batch
+    part over data shards (``cvb`` one shard's rows), ``None`` on one device.
 
     **Example:**
 
@@ -149,7 +153,8 @@ def cv_loglik_gradient(surrogate_grad, cvb: CVBatch, family: GLMFamily, eta):
     """
     u = eta - cvb.eta_hat
     a = cvb.scale * (family.dloglik(eta, cvb.y, cvb.params) - cvb.d1_hat - cvb.d2_hat * u)
-    return surrogate_grad + cvb.Xt @ a
+    batch_part = cvb.Xt @ a
+    return surrogate_grad + (batch_part if total is None else total(batch_part))
 
 
 def laplace_step_scale(gamma, hess_diag, prior_curvature, floor=1e-12):

@@ -148,6 +148,7 @@ class _Context(NamedTuple):
     hdiag: Any
     signs: Any
     penalty_fpc: Any
+    total: Callable
 
 
 def _informed_move(key, x: _Carry, ctx: _Context):
@@ -173,9 +174,9 @@ def _informed_move(key, x: _Carry, ctx: _Context):
         lp2 = ctx.prior(th2, gam2)
         d_prior = lp2 - x.lp
     d_terms = r2 - x.r
-    log_alpha = d_prior + d_lik + jnp.sum(d_terms) + log_q_rev - log_q_fwd
+    log_alpha = d_prior + d_lik + ctx.total(jnp.sum(d_terms)) + log_q_rev - log_q_fwd
     if ctx.penalty_fpc is not None:
-        log_alpha = log_alpha - penalty(d_terms, ctx.penalty_fpc)
+        log_alpha = log_alpha - penalty(d_terms, ctx.penalty_fpc, ctx.total)
     ok = jnp.isfinite(log_alpha)
     accept = ok & (jnp.log(random.uniform(k_acc, (), x.theta.dtype)) < log_alpha)
     new = _Carry(gam2, th2, G2, eta2, r2, lp2, ev2)
@@ -186,7 +187,7 @@ def _informed_move(key, x: _Carry, ctx: _Context):
 def informed_indicator_chain(key, gamma, theta, anchor: GLMAnchor, cvb: CVBatch, family: GLMFamily,
                              table, prior: Callable | None = None, *, num_steps: int, max_size: int,
                              flip_sign: bool = True, penalty_fpc=None,
-                             max_nonzero: int | None = None) -> InformedChain:
+                             max_nonzero: int | None = None, total: Callable | None = None) -> InformedChain:
     r"""``num_steps`` informed single-flip MH steps on γ (θ fixed up to sign flips) targeting
     π(γ | θ, X_{n,N}) ∝ π(γ)·π(θ|γ)·exp(L̂(θ·γ)), L̂ the control-variate estimate, size(γ) ≤
     ``max_size``.
@@ -205,6 +206,8 @@ def informed_indicator_chain(key, gamma, theta, anchor: GLMAnchor, cvb: CVBatch,
     :param table: (2, 2, p) coordinate prior table built at ``theta``.
     :param max_nonzero: bound on the non-zeros of β − β̂
         (:func:`~numpyro_sg.kernels.esgld.control_variates.hess_matvec`).
+    :param total: sums a mini-batch sum over data shards (``cvb`` one shard's rows; one
+        reduction of one float per step, three with the penalty); ``None`` on one device.
     :return: an :class:`InformedChain`.
 
     **Example:**
@@ -221,7 +224,8 @@ def informed_indicator_chain(key, gamma, theta, anchor: GLMAnchor, cvb: CVBatch,
         return flip_evidence(gam, th, theta, G, hdiag, table, max_size, flip_sign)
 
     signs = jnp.array([1.0, -1.0] if flip_sign else [1.0], theta.dtype)
-    ctx = _Context(anchor, cvb, family, prior, evidence, hdiag, signs, penalty_fpc)
+    ctx = _Context(anchor, cvb, family, prior, evidence, hdiag, signs, penalty_fpc,
+                   (lambda x: x) if total is None else total)
     beta = theta * gamma.astype(theta.dtype)
     G0 = anchor.grad + hess_matvec(anchor.hess, beta - anchor.beta, max_nonzero)
     eta0 = cvb.eta_hat + cvb.Xt.T @ (beta - anchor.beta)

@@ -2,6 +2,7 @@ r"""The :class:`ESGLD` kernel: the NumPyro shell (init, the pure step, selection
 
 from __future__ import annotations
 
+import functools
 from dataclasses import fields, replace
 
 import jax
@@ -11,7 +12,9 @@ from numpyro.infer.util import constrain_fn
 
 from numpyro_sg.infer.minibatch import Minibatcher, full_data, jit_with_data, subsample_plates, with_indices
 from numpyro_sg.infer.model_info import trace_model
-from numpyro_sg.infer.sharding import refuse_sharded
+from numpyro_sg.infer.sharded_minibatch import ShardedMinibatcher
+from numpyro_sg.infer.sharding import auto_view, check_not_parallel, find_data_shards
+from numpyro_sg.kernels.esgld.sharded import shard_setup, sharded_minibatcher
 from numpyro_sg.kernels.base import SGKernel, check_positive, split_init_key
 from numpyro_sg.kernels.esgld.options import (
     DEFAULT_WEIGHT_ROWS,
@@ -157,6 +160,11 @@ class ESGLD(SGKernel):
         nsg.selection_summary(mcmc, beta_true)        # inclusion, selected, β̂; FSR … in attrs
         # the paper's algorithm:
         nsg.ESGLD(model, 1e-6, proposal="paper", gradient="plain", preconditioner=None)
+
+    **Data on a mesh.** With the data rows split over devices (``NamedSharding(mesh,
+    P("data"))``, ``jit_model_args=True``) the default (informed, control-variate) step runs on
+    every shard's rows with the state replicated, every row sum one all-reduce
+    (:mod:`~numpyro_sg.kernels.esgld.sharded`); the paper's moves and gradient are refused there.
     """
 
     State = ESGLDState
@@ -228,13 +236,13 @@ class ESGLD(SGKernel):
     def _prepare(self, model_args, model_kwargs) -> ESGLDSetup:
         """The static :class:`ESGLDSetup`, from one model trace (and one vectorised check run)."""
         o = self.options
-        refuse_sharded("ESGLD", model_args, model_kwargs)
-        info = trace_model(self._model, model_args, model_kwargs)
+        data_args, data_kwargs = auto_view(model_args, model_kwargs)  # eager code on Explicit meshes too
+        info = trace_model(self._model, data_args, data_kwargs)
         plates = subsample_plates(info, self._subsample_size, check_data=self._check_data,
-                                  model_args=model_args, model_kwargs=model_kwargs)
+                                  model_args=data_args, model_kwargs=data_kwargs)
         if len(plates) != 1:
             raise ValueError(f"ESGLD needs exactly one subsample plate; the model has {[p.name for p in plates]}.")
-        ss = find_spike_slab(self._model, model_args, model_kwargs, indicator=o.indicator,
+        ss = find_spike_slab(self._model, data_args, data_kwargs, indicator=o.indicator,
                              coefficient=o.coefficient, subsample_size=self._subsample_size,
                              glm={"auto": "auto", "glm": True, "generic": False}[o.fast_path], info=info)
         p, plate = ss.num_coefficients, ss.plate
@@ -253,7 +261,11 @@ class ESGLD(SGKernel):
         existing = info.site_types
         if o.inclusion_name in existing:
             raise ValueError(f"inclusion_name={o.inclusion_name!r} is a site of the model; pick another.")
-        self._mb = Minibatcher(self._model, plates, replace=self._replace)
+        shards = find_data_shards(model_args, model_kwargs, plates)
+        if shards is None:
+            self._mb = Minibatcher(self._model, plates, replace=self._replace)
+        else:
+            self._mb = sharded_minibatcher(self._model, plates, shards, ss, proposal, gradient, self._replace)
         self._deterministic_in_plate = ss.deterministic_in_plate
         flat, unravel = ravel_pytree(info.unconstrained_example())
         return ESGLDSetup(
@@ -268,6 +280,7 @@ class ESGLD(SGKernel):
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         self._num_warmup = int(num_warmup)
+        check_not_parallel(model_args, model_kwargs, isinstance(rng_key, jax.core.Tracer))
         with jax.ensure_compile_time_eval():  # structural work stays eager under pmap too
             setup = self._prepare(model_args, model_kwargs)
             if setup.preconditioner == "laplace" and not anchor_applies(setup.spike_slab):
@@ -280,6 +293,9 @@ class ESGLD(SGKernel):
             else:
                 setup = replace(setup, num_warmup=self._num_warmup)
             self._setup = setup
+            self._step_setup = shard_setup(setup, self._mb)
+        if isinstance(self._mb, ShardedMinibatcher):  # (shard_map cannot run under compile-time eval)
+            self._mb.check_plate_sizes(model_args, model_kwargs)
         ss, rows = setup.spike_slab, setup.weight_rows
         batched, rng_key, key_init = split_init_key(rng_key)
         given, gamma0 = _given_start(ss, init_params, setup.inclusion_name,
@@ -308,15 +324,21 @@ class ESGLD(SGKernel):
 
         if batched:
             init_one = jax.vmap(init_one, in_axes=(0, 0, 0, 0, None, None))
-        state = jit_with_data(init_one, model_args, model_kwargs)(key_init, rng_key, given, gamma0)
+        data = auto_view(model_args, model_kwargs)  # the start reads a few rows; its anchor comes at step 0
+        state = jit_with_data(init_one, *data)(key_init, rng_key, given, gamma0)
         self._sample_fn = self.sample
         return state
 
     # -- one iteration -----------------------------------------------------------------
     def step(self, state, model_args, model_kwargs):
         """One iteration of one chain: :func:`~numpyro_sg.kernels.esgld.step.esgld_step` with the
-        setup built at ``init``."""
-        return esgld_step(self._setup, state, model_args, model_kwargs)
+        setup built at ``init``; on data split over a mesh, the same step on every shard's rows
+        with the state replicated (:meth:`~numpyro_sg.infer.sharding.DataShards.replicated`)."""
+        if not isinstance(self._mb, ShardedMinibatcher):
+            return esgld_step(self._setup, state, model_args, model_kwargs)
+        self._mb.check_compiled_data(state.i, model_args, model_kwargs)
+        return self._mb.shards.replicated(functools.partial(esgld_step, self._step_setup), state,
+                                          model_args, model_kwargs)
 
     def _refresh(self, state):
         return state._replace(step_size=step_size_at(state.hyper.step_size, state.i))
@@ -330,12 +352,16 @@ class ESGLD(SGKernel):
         if setup is None:
             return lambda z: z
         ss = setup.spike_slab
+        sharded = isinstance(self._mb, ShardedMinibatcher)
+        if sharded and ss.deterministic_in_plate:
+            raise ValueError("a deterministic site inside the subsample plate (one value per "
+                             "datum) is not available on data split over a mesh.")
         model = full_data(self._model, self._mb.plates) if ss.deterministic_in_plate else with_indices(
             self._model, ss.first_indices(1)
         )
         eff, incl = setup.effective_name, setup.inclusion_name
 
-        def postprocess(z):
+        def postprocess(z, model_args, model_kwargs):
             params, gamma = setup.unpack(z)
             out = constrain_fn(ss.conditioned(gamma, model), model_args, model_kwargs, params,
                                return_deterministic=True)
@@ -347,7 +373,9 @@ class ESGLD(SGKernel):
                 out[eff] = out[ss.coefficient] * gamma
             return out
 
-        return postprocess
+        if sharded:  # each shard's first row: no data move
+            return lambda z: self._mb.shards.on_each_shard(postprocess, z, model_args, model_kwargs)
+        return functools.partial(postprocess, model_args=model_args, model_kwargs=model_kwargs)
 
 
 def _given_start(ss: SpikeSlab, init_params, inclusion_name, num_chains):
@@ -360,3 +388,4 @@ def _given_start(ss: SpikeSlab, init_params, inclusion_name, num_chains):
     if gamma is None:
         gamma = jnp.zeros((ss.num_coefficients,) if num_chains is None else (num_chains, ss.num_coefficients))
     return given, jnp.asarray(gamma).astype(jnp.int32)
+

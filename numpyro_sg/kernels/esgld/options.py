@@ -16,6 +16,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax, random
 
 from numpyro_sg.infer.minibatch import Minibatcher
 from numpyro_sg.kernels.base import check_choice
@@ -210,7 +211,9 @@ class ESGLDSetup:
     (``None`` without informed proposals); ``laplace_index`` where θ sits in the flat
     continuous vector when the Laplace step's curvatures come from the model's Hessian
     (:mod:`~numpyro_sg.kernels.esgld.warmup`, where the anchor does not apply; ``None``
-    otherwise).
+    otherwise); ``row_axes`` the mesh axes the data rows are split over (``None`` on one
+    device): the step then runs on every shard's rows (``spike_slab`` and ``minibatcher`` see
+    the local plate of N/D rows and n/D mini-batch rows) and :meth:`total` sums over shards.
     """
 
     spike_slab: SpikeSlab
@@ -232,6 +235,12 @@ class ESGLDSetup:
     num_warmup: int = 0
     rb_name: str | None = None
     laplace_index: Any = None
+    row_axes: tuple | None = None
+
+    def total(self, x):
+        """``x`` (a sum over this device's data rows) summed over the data shards: a ``psum``
+        over ``row_axes`` on a mesh, ``x`` itself on one device."""
+        return x if self.row_axes is None else lax.psum(x, self.row_axes)
 
     @property
     def anchored(self) -> bool:
@@ -249,6 +258,8 @@ class ESGLDSetup:
         """``(indices, new batch state)`` of the next mini-batch (all N data when full-batch)."""
         if self.full_batch:
             return self.spike_slab.full_indices(), batch_state
+        if self.row_axes is not None:  # a stratified mini-batch: each shard its own rows
+            key = random.fold_in(key, lax.axis_index(self.row_axes))
         return self.minibatcher.draw(key, batch_state)
 
     def pack(self, flat, gammas, rao_blackwell=None) -> dict:

@@ -145,12 +145,13 @@ def apply_proposal(gamma, theta, prop: Proposal):
     return g2, t2
 
 
-def penalty(delta_terms, fpc=1.0):
+def penalty(delta_terms, fpc=1.0, total=None):
     """σ̂²/2 with σ̂² = n·var_i(a_i)·fpc, a_i the scaled per-datum log-likelihood differences.
 
     The penalty method for a noisy Metropolis–Hastings ratio subtracts it from the log
     acceptance ratio; ``fpc`` is the finite-population correction (1 − n/N without
-    replacement, 1 with replacement).  Zero for n < 2.
+    replacement, 1 with replacement).  Zero for n < 2.  ``total`` sums (n, Σa, Σa²) over
+    data shards (``delta_terms`` one shard's rows), ``None`` on one device.
 
     **Example:**
 
@@ -159,10 +160,14 @@ def penalty(delta_terms, fpc=1.0):
         penalty(jnp.array([1.0, -1.0, 3.0]))    # 0.5 · 3 · var = 6.0
     """
     n = delta_terms.shape[0]
-    if n < 2:
-        return jnp.zeros((), delta_terms.dtype)
-    return 0.5 * n * jnp.var(delta_terms, ddof=1) * fpc
-
+    if total is None:
+        if n < 2:
+            return jnp.zeros((), delta_terms.dtype)
+        return 0.5 * n * jnp.var(delta_terms, ddof=1) * fpc
+    n, s1, s2 = total(jnp.stack([jnp.asarray(n, delta_terms.dtype), jnp.sum(delta_terms),
+                                 jnp.sum(delta_terms**2)]))
+    var = (s2 - s1 * s1 / n) / jnp.maximum(n - 1.0, 1.0)
+    return jnp.where(n >= 2, 0.5 * n * jnp.maximum(var, 0.0) * fpc, 0.0)
 
 
 class IndicatorTarget(NamedTuple):

@@ -248,7 +248,7 @@ def _current_anchor(setup, state, values, glm_batch, dtype):
     _, gamma = setup.unpack(state.z)
     beta_now = values[ss.coefficient] * gamma.astype(dtype)
     due = jnp.any(state.i == jnp.asarray(setup.anchor_steps))
-    anchor = lax.cond(due, lambda: glm_anchor(glm_batch(values, beta_now), ss.glm.family, beta_now),
+    anchor = lax.cond(due, lambda: glm_anchor(glm_batch(values, beta_now), ss.glm.family, beta_now, setup.total),
                       lambda: anchor)
     return jax.tree.map(lambda a: a.astype(dtype), anchor)
 
@@ -278,7 +278,7 @@ def _anchored_input(setup, state, params, gamma, indices, key, model_args, model
             key, gamma, theta, anchor, cvb, family, table,
             None if ss.per_coordinate_prior else log_prior, num_steps=setup.num_models,
             max_size=setup.max_model_size, flip_sign=setup.flip_sign, penalty_fpc=penalty_fpc,
-            max_nonzero=2 * setup.max_model_size)
+            max_nonzero=2 * setup.max_model_size, total=setup.total)
     else:
         chain = _paper_chain(setup, state, values, gamma, indices, key, model_args, model_kwargs, penalty_fpc)
     th = chain.theta.astype(dtype)
@@ -309,4 +309,4 @@ def _cv_value_and_grad(setup, chain, th, anchor, cvb, prior_at):
         G = anchor.grad + hess_matvec(anchor.hess, delta, 2 * setup.max_model_size)
         eta = cvb.eta_hat + cvb.Xt.T @ delta
     prior_value, prior_grad = jax.value_and_grad(prior_at)(th)
-    return prior_value, prior_grad + gm * cv_loglik_gradient(G, cvb, family, eta)
+    return prior_value, prior_grad + gm * cv_loglik_gradient(G, cvb, family, eta, setup.total)
