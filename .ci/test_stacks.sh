@@ -38,7 +38,7 @@ run_pinned() {
     echo "=== pinned stack: $($PYTHON --version 2>&1) ==="
     if [[ "${NSG_NO_INSTALL:-0}" != 1 ]]; then $PYTHON -m pip install -q -e ".[test,docs]" || return 1; fi
     $PYTHON -c "import jax, numpyro, arviz; print('jax', jax.__version__, '| numpyro', numpyro.__version__, '| arviz', arviz.__version__)"
-    $PYTHON -m pytest -q -m "not slow" -p no:cacheprovider
+    $PYTHON -m pytest -q -m "not slow" -p no:cacheprovider --durations=25
 }
 
 run_current() {
@@ -55,7 +55,7 @@ run_current() {
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1
     "$VENV/bin/python" -m pip install -q --upgrade --upgrade-strategy eager -e ".[test]" || return 1
     "$VENV/bin/python" -c "import jax, numpyro, arviz; print('jax', jax.__version__, '| numpyro', numpyro.__version__, '| arviz', arviz.__version__)"
-    "$VENV/bin/python" -m pytest -q -m "not slow and not heavy" -p no:cacheprovider
+    "$VENV/bin/python" -m pytest -q -m "not slow and not heavy" -p no:cacheprovider --durations=25
 }
 
 start=$SECONDS

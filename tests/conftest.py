@@ -88,6 +88,12 @@ HEAVY = (
     "tests/test_esgld.py::test_defaults_match_nuts_given_the_selected_model_on_breast_cancer",
     "tests/test_highdim.py::test_bpmf_small_sgld_reaches_information_bound",
     "tests/test_readme.py::test_readme_use_snippet_converges_against_nuts",
+    # the communication pattern on 4 forced host devices (the current stack keeps the API checks:
+    # the clear errors, a two-axis mesh, a mesh of one device)
+    "tests/test_sharding.py::test_stratified_estimator_is_unbiased_and_no_noisier_than_simple_random_sampling",
+    "tests/test_sharding.py::test_the_diagonal_warmup_runs_shard_locally",
+    "tests/test_sharding.py::test_esgld_runs_shard_locally_with_the_same_sums",
+    "tests/test_sharding.py::test_sparse_async_runs_shard_locally_with_the_same_sums",
     "tests/test_sparse_async.py::test_async_relative_error_close_to_exact",
     "tests/test_sparse_async.py::test_exact_matches_enumeration_gaussian_draw",
     "tests/test_sparse_async.py::test_sgld_variant_fast_and_dense_agree_and_chain_methods",

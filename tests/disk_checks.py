@@ -86,7 +86,7 @@ def sample(mode, folder):
 
 
 def convert(folder):
-    """``X.npy`` and ``y.npy`` written as one Parquet file (row groups of 500,000 rows), then
+    """``X.npy`` and ``y.npy`` written as one Parquet file (row groups of 100,000 rows), then
     streamed back with ``npy_from_parquet`` in a fresh measurement: its peak anonymous memory."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -97,9 +97,9 @@ def convert(folder):
     names = [f"x{j}" for j in range(D)]
     schema = pa.schema([(n, pa.float32()) for n in names + ["y"]])
     with pq.ParquetWriter(f"{folder}/data.parquet", schema) as writer:
-        for s in range(0, N, 500_000):
-            cols = [np.ascontiguousarray(X[s:s + 500_000, j]) for j in range(D)]
-            writer.write_table(pa.table(cols + [np.asarray(y[s:s + 500_000])], schema=schema))
+        for s in range(0, N, 100_000):
+            cols = [np.ascontiguousarray(X[s:s + 100_000, j]) for j in range(D)]
+            writer.write_table(pa.table(cols + [np.asarray(y[s:s + 100_000])], schema=schema))
     del writer
     before = anonymous_mb()
     peak = Peak()

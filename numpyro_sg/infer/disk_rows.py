@@ -97,8 +97,8 @@ def npy_from_parquet(path, columns, out_path, dtype=np.float32, batch_rows: int 
                      shuffle_seed: int | None = None) -> NpyRows:
     """Write the ``columns`` of the Parquet file ``path`` as the columns of a ``.npy`` array
     ``out_path`` (rows × len(columns); one column name: a vector), streaming ``batch_rows`` rows
-    at a time with pyarrow (memory O(batch_rows·columns), never the whole table), and return it
-    as :class:`NpyRows`.  ``shuffle_seed``: also permute the rows (a random permutation of
+    at a time with pyarrow (memory O(row group + batch_rows·columns), never the whole table), and
+    return it as :class:`NpyRows`.  ``shuffle_seed``: also permute the rows (a random permutation of
     N indices, O(N) memory, written by scattering each batch), the one shuffle at write time
     that makes windows of contiguous rows random samples.
 
@@ -113,14 +113,15 @@ def npy_from_parquet(path, columns, out_path, dtype=np.float32, batch_rows: int 
     single = isinstance(columns, str)
     columns = [columns] if single else list(columns)
     # no pre-buffering, a small read buffer: pyarrow's default buffers whole row groups and kept
-    # ≈ 5 GB in its pool while streaming a 4 GB file (measured); this way ≈ 0.2 GB
+    # ≈ 5 GB in its pool while streaming a 4 GB file (measured); this way ≈ 0.2 GB.  One decoding
+    # thread: the reader's thread pool added 30-40 MB of varying per-thread memory (measured)
     source = pq.ParquetFile(str(path), pre_buffer=False, buffer_size=1 << 20)
     N = source.metadata.num_rows
     shape = (N,) if single else (N, len(columns))
     out = np.lib.format.open_memmap(str(out_path), mode="w+", dtype=dtype, shape=shape)
     perm = None if shuffle_seed is None else np.random.default_rng(shuffle_seed).permutation(N)
     start = 0
-    for batch in source.iter_batches(batch_size=batch_rows, columns=columns):
+    for batch in source.iter_batches(batch_size=batch_rows, columns=columns, use_threads=False):
         block = np.stack([batch.column(c).to_numpy(zero_copy_only=False) for c in columns], axis=1)
         block = block[:, 0] if single else block
         where = slice(start, start + len(block)) if perm is None else perm[start:start + len(block)]

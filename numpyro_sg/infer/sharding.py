@@ -44,7 +44,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from numpyro import handlers
 
-__all__ = ["shard_rows", "DataShards", "find_data_shards", "auto_view", "check_not_parallel", "refuse_sharded",
+__all__ = ["shard_rows", "DataShards", "find_data_shards", "auto_view", "check_not_parallel",
            "spans_processes", "without_global_observations"]
 
 
@@ -139,19 +139,21 @@ class DataShards:
         in_specs = (jax.tree.map(lambda _: P(), replicated), specs)
         return jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=P())(replicated, arrays)
 
-    def replicated(self, fn: Callable, state, model_args, model_kwargs):
+    def replicated(self, fn: Callable, state, model_args, model_kwargs, state_specs=P()):
         """``fn(state, model_args, model_kwargs)`` run on every shard's local data with the same
         ``state`` (e.g. a whole sampler step: same keys, same decisions everywhere), which must
         come out the same on every device: ``fn`` sums its row sums over the data axes itself
         (``jax.lax.psum``), and differentiates only what does not involve the rows' sums.
-        No communication but ``fn``'s own reductions."""
+        ``state_specs`` (a prefix of ``state``; default replicated) may split some per-datum
+        leaves of the state by rows too (e.g. ``P(data_axes)``), which ``fn`` then sees as its
+        shard's block and returns the same way.  No communication but ``fn``'s own reductions."""
         arrays, specs, rebuild = self._split(model_args, model_kwargs)
 
         def body(s, local):
             return fn(s, *rebuild(local))
 
         # check_vma off: a replicated value must not be pcast (its gradients would be psum'd)
-        return jax.shard_map(body, mesh=self.mesh, in_specs=(P(), specs), out_specs=P(),
+        return jax.shard_map(body, mesh=self.mesh, in_specs=(state_specs, specs), out_specs=state_specs,
                              check_vma=False)(state, arrays)
 
     def varying(self, x):
@@ -222,16 +224,6 @@ def check_not_parallel(model_args, model_kwargs, traced: bool):
             "chain_method='parallel' runs one chain per device and cannot also split the data "
             "over the devices of a mesh: use chain_method='vectorized' (all chains on the data "
             "mesh) or 'sequential'.")
-
-
-def refuse_sharded(kernel: str, model_args, model_kwargs):
-    """Raise for a kernel that does not split its work over a data mesh when some data rows are
-    placed on one (rather than let XLA move every mini-batch between the devices)."""
-    if any(_row_axes(x) is not None for x in jax.tree.leaves((model_args, model_kwargs))):
-        raise ValueError(
-            f"{kernel} does not split its work over devices yet: its data rows are placed on a mesh "
-            f"(NamedSharding). Pass the data unsharded (e.g. numpy arrays, or jax.device_get(X)), or "
-            f"use a gradient kernel (SGLD, SGBD, SGHMC, ...), which samples sharded rows.")
 
 
 def auto_view(model_args, model_kwargs):

@@ -52,7 +52,8 @@ full data (mini-batch for ``"sgld"``) for any model of the spike-and-slab form.
 Layout: :mod:`.indicators` (STEP 2), :mod:`.gradients` (the asynchronous gradient),
 :mod:`.block` (STEP 1 moves), :mod:`.glm` and :mod:`.dense` (one iteration on either path),
 :mod:`.options` and :mod:`.setup` (options, plan, constants, start), :mod:`.step` (the state
-and the pure step with the divergence guard), :mod:`.kernel` (the NumPyro shell
+and the pure step with the divergence guard), :mod:`.sharded` (the fast path on data split
+over a mesh), :mod:`.kernel` (the NumPyro shell
 :class:`SparseAsync`, hyperparameter ε in ``state.hyper``: :class:`SparseAsyncHyper`).
 """
 

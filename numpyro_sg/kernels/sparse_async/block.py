@@ -23,7 +23,7 @@ from numpyro_sg.kernels.moves import langevin_move, langevin_noise_variance, mal
 __all__ = ["gaussian_block_draw", "BlockMove", "block_move", "guard_norm", "norm_logpdf", "robbins_monro"]
 
 
-def gaussian_block_draw(key, X, weights, residual, prior_loc, prior_scale, mask=None):
+def gaussian_block_draw(key, X, weights, residual, prior_loc, prior_scale, mask=None, total=None):
     r"""Exact draw of a block u ∈ ℝ^m from its Gaussian conditional (STEP 1, ``inner="gaussian"``).
 
     The target is a Normal prior per coordinate times a Gaussian likelihood in X·u,
@@ -47,6 +47,8 @@ def gaussian_block_draw(key, X, weights, residual, prior_loc, prior_scale, mask=
     :param prior_loc: (m,) prior means μ.
     :param prior_scale: (m,) prior sds s.
     :param mask: optional (m,) bool, True for the real coordinates.
+    :param total: optional function summing (XᵀWX, XᵀWr) over the data shards when the rows
+        are this device's share (one ``psum``); ``None`` when X holds all the rows.
     :return: u, shape (m,).
 
     **Example:**
@@ -60,8 +62,11 @@ def gaussian_block_draw(key, X, weights, residual, prior_loc, prior_scale, mask=
     mask = jnp.ones((m,), bool) if mask is None else jnp.asarray(mask, bool)
     X = jnp.where(mask[None, :], X, 0.0)
     sd = jnp.where(mask, prior_scale, 1.0)
-    precision = jnp.diag(1.0 / sd**2) + (X * weights[:, None]).T @ X
-    b = jnp.where(mask, prior_loc / sd**2, 0.0) + X.T @ (weights * residual)
+    gram, score = (X * weights[:, None]).T @ X, X.T @ (weights * residual)
+    if total is not None:
+        gram, score = total((gram, score))
+    precision = jnp.diag(1.0 / sd**2) + gram
+    b = jnp.where(mask, prior_loc / sd**2, 0.0) + score
     L = jnp.linalg.cholesky(precision)
     mean = jax.scipy.linalg.cho_solve((L, True), b)
     xi = random.normal(key, (m,), X.dtype)

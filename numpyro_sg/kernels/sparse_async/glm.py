@@ -52,6 +52,8 @@ def glm_view(plan, mb, state, model_args, model_kwargs, key):
         return GLMView(columns, aux.y, aux.offset, aux.params, 1.0), state.batch_state
     ss = plan.ss
     X = ss.design_fn(model_args, model_kwargs)({ss.coefficient: state.z[ss.coefficient]})
+    if plan.row_axes is not None:  # a stratified mini-batch: each shard draws its own rows
+        key = random.fold_in(key, lax.axis_index(plan.row_axes))
     indices, batch_state = mb.draw(key, state.batch_state)
     rows = indices[ss.plate.name]
 
@@ -76,15 +78,16 @@ def bucket_move(plan, view, aux, theta, active, size, step_size, width):
         sd = jnp.where(mask, aux.prior.slab_scale.at[cols].get(mode="fill", fill_value=1.0), 1.0)
         if plan.inner == "gaussian":
             w = 1.0 / view.params["scale"] ** 2
-            u = gaussian_block_draw(key, Xa, w, view.y - view.offset, mu, sd, mask)
+            u = gaussian_block_draw(key, Xa, w, view.y - view.offset, mu, sd, mask, total=plan.total)
             one = jnp.ones((), u.dtype)
             acc, norm, finite = one, one, all_finite(u)  # no gradient: the guard norm's floor
         else:
-            def logp_grad(v):
+            def logp_grad(v):  # the likelihood's value and gradient: one sum over the rows
                 eta = view.offset + Xa @ v
-                lp = jnp.sum(jnp.where(mask, norm_logpdf(v, mu, sd), 0.0))
-                lp = lp + view.scale * jnp.sum(family.loglik(eta, view.y, view.params))
-                g = -(v - mu) / sd**2 + view.scale * (Xa.T @ family.dloglik(eta, view.y, view.params))
+                lik, score = plan.total((jnp.sum(family.loglik(eta, view.y, view.params)),
+                                         Xa.T @ family.dloglik(eta, view.y, view.params)))
+                lp = jnp.sum(jnp.where(mask, norm_logpdf(v, mu, sd), 0.0)) + view.scale * lik
+                g = -(v - mu) / sd**2 + view.scale * score
                 return lp, jnp.where(mask, g, 0.0)
 
             u, acc, norm, finite = block_move(plan.inner, key, u, logp_grad, step_size,
@@ -124,12 +127,12 @@ def glm_indicator_update(plan, view, aux, theta, delta, eta, keys):
             eta0 = eta - d_J[t] * th_J[t] * Xt_J[t]
             eta1 = eta0 + th_J[t] * Xt_J[t]
             ll = family.loglik(eta1, view.y, view.params) - family.loglik(eta0, view.y, view.params)
-            return lo[t] + view.scale * jnp.sum(ll), eta1, eta0
+            return lo[t] + view.scale * plan.total(jnp.sum(ll)), eta1, eta0
 
         V = sequential_sweep(k_ber, eta, conditional, J)[1]
     else:
         G, H = glm_async_gradient(X_J, eta, th_J, d_J, family, view.y, view.params, view.scale,
-                                  second=plan.taylor == "second", point=plan.point)
+                                  second=plan.taylor == "second", point=plan.point, total=plan.total)
         V = async_update(k_ber, lo, th_J, G, H, plan.taylor, plan.point)
     return chosen, d_J, th_J, V
 

@@ -31,7 +31,7 @@ def evaluation_shift(theta_J, delta_J, point):
 
 
 def glm_async_gradient(X_J, eta, theta_J, delta_J, family, y, params, scale=1.0, second=False,
-                       point="current"):
+                       point="current", total=None):
     r"""G_j = ∂ℓ/∂β_j (and H_j = ∂²ℓ/∂β_j²) for the chosen coordinates of a GLM, O(n·J).
 
     ℓ(β) = scale·Σ_i f(η_i), η = offset + X·β (``family.loglik`` f).  ``eta`` is η at the
@@ -49,6 +49,8 @@ def glm_async_gradient(X_J, eta, theta_J, delta_J, family, y, params, scale=1.0,
     :param scale: N/n for a mini-batch (1 for the full data).
     :param bool second: also return H (for ``taylor="second"``).
     :param str point: ``"current"`` or ``"excluded"``.
+    :param total: optional function summing (G, H) over the data shards when the rows are this
+        device's share (one ``psum``); ``None`` when they are all the rows.
     :return: ``(G, H)``, H ``None`` unless ``second``.
 
     **Example:**
@@ -61,7 +63,7 @@ def glm_async_gradient(X_J, eta, theta_J, delta_J, family, y, params, scale=1.0,
     eta_e = eta + X_J @ evaluation_shift(theta_J, delta_J, point)
     G = scale * (X_J.T @ family.dloglik(eta_e, y, params))
     H = scale * ((X_J * X_J).T @ family.d2loglik(eta_e, y, params)) if second else None
-    return G, H
+    return (G, H) if total is None else total((G, H))
 
 
 def dense_async_gradient(loglik: Callable, theta, delta, chosen, second=False, point="current"):

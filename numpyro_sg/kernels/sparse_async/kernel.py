@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 import jax
@@ -12,10 +13,11 @@ from numpyro.infer.util import constrain_fn
 
 from numpyro_sg.infer.minibatch import full_data, jit_with_data, with_indices
 from numpyro_sg.infer.model_info import trace_model
-from numpyro_sg.infer.sharding import refuse_sharded
+from numpyro_sg.infer.sharding import auto_view, check_not_parallel, find_data_shards, spans_processes
 from numpyro_sg.kernels.base import PerDataCache, SGKernel, split_init_key
 from numpyro_sg.kernels.sparse_async.options import SparseAsyncOptions, check_options
 from numpyro_sg.kernels.sparse_async.setup import SPIKE_KEY, initial_values, make_plan
+from numpyro_sg.kernels.sparse_async.sharded import shard_plan
 from numpyro_sg.kernels.sparse_async.step import SparseAsyncState, initial_state, sparse_async_step
 from numpyro_sg.spike_slab import find_spike_slab
 
@@ -67,6 +69,12 @@ class SparseAsync(SGKernel):
     reported from inside the compiled step).  On the fast path, a model size past
     ``max_active`` (the active list's static size) freezes the chain the same way, with
     ``overflow`` set, and the warning says to pass a larger ``max_active``.
+
+    **Data on a mesh.** Data rows placed on the devices of a mesh (``NamedSharding(mesh,
+    P("data"))``, ``MCMC(..., jit_model_args=True)``) run the fast path on every device's rows
+    (:mod:`numpyro_sg.kernels.sparse_async.sharded`): the point and keys replicated, each
+    device holding its rows of the per-datum constants, every sum over rows one ``psum``
+    (``"sgld"``: n/D rows of each device's share); the dense path is refused there.
 
     An option that does not apply to the chosen variant (or to the STEP 1 move that
     ``inner="auto"`` picks) is an error, not silently ignored.
@@ -149,7 +157,8 @@ class SparseAsync(SGKernel):
         self._effective_name = effective_name
         self._plan = None  # static metadata resolved at init (a Plan)
         self._constants = None  # the fast path's constants (prior, offset, y, …), set at init
-        self._setup = PerDataCache()  # (plan, constants, Minibatcher) per data set
+        self._setup = PerDataCache()  # (plan, constants, Minibatcher, ShardedPlan) per data set
+        self._sharded = None  # the ShardedPlan of data split over a mesh, set at init
 
     @property
     def options(self) -> SparseAsyncOptions:
@@ -198,14 +207,17 @@ class SparseAsync(SGKernel):
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         self._num_warmup = int(num_warmup)
+        check_not_parallel(model_args, model_kwargs, isinstance(rng_key, jax.core.Tracer))
         batched, rng_key, key_init = split_init_key(rng_key)
         num_chains = jnp.shape(rng_key)[0] if batched else None
         # chain_method="parallel" calls init under a trace: the structural work stays eager
         with jax.ensure_compile_time_eval():
-            self._plan, self._constants, self._mb = self._setup.get(
+            self._plan, self._constants, self._mb, self._sharded = self._setup.get(
                 model_args, model_kwargs, lambda: self._make_plan(model_args, model_kwargs))
             params, delta = initial_values(self._plan, self._constants, key_init, init_params,
-                                           self._init_strategy, num_chains, model_args, model_kwargs)
+                                           self._init_strategy, num_chains, *auto_view(model_args, model_kwargs))
+        if self._sharded is not None:  # (shard_map cannot run under compile-time eval)
+            self._sharded.data.check_plate_sizes(model_args, model_kwargs)
         self._check_initial_indicator(delta)
         _, self._unravel = ravel_pytree(jax.tree.map(lambda x: x[0], params) if batched else params)
         init_one = partial(initial_state, self._plan, self._mb)
@@ -218,18 +230,31 @@ class SparseAsync(SGKernel):
         return state
 
     def _make_plan(self, model_args, model_kwargs):
-        """``(plan, constants, Minibatcher)``: the structure found from one trace of the model."""
+        """``(plan, constants, Minibatcher, ShardedPlan or None)``: the structure found from one
+        trace of the model, and on data split over a mesh what each shard's step reads."""
         o = self.options
-        refuse_sharded("SparseAsync", model_args, model_kwargs)
-        info = trace_model(self._model, model_args, model_kwargs)
+        if spans_processes(model_args, model_kwargs):
+            raise ValueError(
+                "SparseAsync samples data split over the devices of one process; these data span "
+                "several processes (jax.distributed): use a gradient kernel (SGLD, SGBD, SGHMC, ...) "
+                "there, or gather the rows into one process.")
+        data_args, data_kwargs = auto_view(model_args, model_kwargs)  # eager code on Explicit meshes too
+        info = trace_model(self._model, data_args, data_kwargs)
         # the GLM family is needed for the fast path and for the default taylor (Gaussian or not)
         detect = o.fast_path != "generic" or (o.variant != "exact" and o.taylor is None)
         ss = find_spike_slab(
-            self._model, model_args, model_kwargs, **self._sites, glm="auto" if detect else False,
+            self._model, data_args, data_kwargs, **self._sites, glm="auto" if detect else False,
             subsample_size=self._subsample_size if o.variant == "sgld" else None, info=info,
         )
-        return make_plan(o, ss, info, self._model, model_args, model_kwargs, check_data=self._check_data,
-                         replace=self._replace, effective_name=self._effective_name)
+        plan, constants, mb = make_plan(o, ss, info, self._model, data_args, data_kwargs,
+                                        check_data=self._check_data, replace=self._replace,
+                                        effective_name=self._effective_name)
+        shards = find_data_shards(model_args, model_kwargs, () if ss.plate is None else (
+            ss.plate if o.variant == "sgld" else replace(ss.plate, subsample_size=ss.plate.size),))
+        if shards is None:
+            return plan, constants, mb, None
+        sharded, constants = shard_plan(plan, constants, shards, self._model, self._replace)
+        return plan, constants, mb, sharded
 
     def _check_initial_indicator(self, delta):
         if isinstance(delta, jax.core.Tracer):  # chain_method="parallel" traces init
@@ -252,8 +277,13 @@ class SparseAsync(SGKernel):
     def step(self, state, model_args, model_kwargs):
         """One iteration of one chain (pure): STEP 1, STEP 2, ε adapted during warmup (MALA),
         then the shared divergence guard (a blown-up chain is frozen, ``diverging``)."""
-        return sparse_async_step(self._plan, self._mb, self._unravel, self._num_warmup, state,
-                                 model_args, model_kwargs)
+        if self._sharded is None:
+            return sparse_async_step(self._plan, self._mb, self._unravel, self._num_warmup, state,
+                                     model_args, model_kwargs)
+        sharded = self._sharded  # every shard's rows, the point replicated, the row sums psum'd
+        sharded.data.check_compiled_data(state.i, model_args, model_kwargs)
+        step = partial(sparse_async_step, sharded.plan, sharded.minibatcher, self._unravel, self._num_warmup)
+        return sharded.data.shards.replicated(step, state, model_args, model_kwargs, sharded.specs)
 
     def divergence_message(self, state) -> str | None:
         """The shell's message, and for chains frozen by an overflow of the active list (fast
@@ -278,22 +308,27 @@ class SparseAsync(SGKernel):
         if ss is None:
             return lambda z: z
         if ss.deterministic_in_plate and ss.plate is not None:
+            if self._sharded is not None:
+                raise ValueError("a deterministic site inside the data plate (one value per datum) "
+                                 "is not available on data split over a mesh.")
             model = full_data(self._model, (ss.plate,))
         else:
             model = with_indices(self._model, ss.first_indices(1))
-        spike_fn = ss.spike_sample_fn(model_args, model_kwargs)
         eff = self.effective_name
 
-        def postprocess(z):
+        def postprocess(z, model_args, model_kwargs):
             z = dict(z)
             delta = z.pop(ss.indicator)
             key = z.pop(SPIKE_KEY)
             out = constrain_fn(ss.conditioned(delta, model), model_args, model_kwargs, z, return_deterministic=True)
-            spike = spike_fn(key, out)
+            spike = ss.spike_sample_fn(model_args, model_kwargs)(key, out)
             theta = jnp.where(delta == 1, out[ss.coefficient], spike.astype(out[ss.coefficient].dtype))
             out[ss.coefficient] = theta
             out[ss.indicator] = delta
             out[eff] = theta * delta
             return out
 
-        return postprocess
+        if self._sharded is not None:  # each shard's first row: no data move
+            shards = self._sharded.data.shards
+            return lambda z: shards.on_each_shard(postprocess, z, model_args, model_kwargs)
+        return partial(postprocess, model_args=model_args, model_kwargs=model_kwargs)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
+from jax import lax
 
 from numpyro_sg.kernels.base import check_choice, check_positive
 from numpyro_sg.spike_slab import SpikeSlab
@@ -42,7 +43,11 @@ class SparseAsyncOptions(NamedTuple):
 
 @dataclass(frozen=True)
 class Plan:
-    """Static metadata of a kernel, resolved at ``init`` from the options and the model."""
+    """Static metadata of a kernel, resolved at ``init`` from the options and the model.
+
+    ``row_axes``: the mesh axes the data rows are split over (``None`` on one device); the
+    step then runs on every shard's rows (``ss`` sees the local plate) and :meth:`total` sums
+    over the shards."""
 
     ss: SpikeSlab
     variant: str
@@ -57,6 +62,12 @@ class Plan:
     target: float
     step_size: float  # initial ε
     effective_name: str
+    row_axes: tuple | None = None
+
+    def total(self, x):
+        """``x`` (a pytree of sums over this device's data rows) summed over the data shards:
+        one ``psum`` over ``row_axes`` on a mesh, ``x`` itself on one device."""
+        return x if self.row_axes is None else lax.psum(x, self.row_axes)
 
 
 def bucket_sizes(m):
