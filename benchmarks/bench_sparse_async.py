@@ -16,8 +16,9 @@ above (the four sizes timed in interleaved rounds), and the ratio p = 8,000 / p 
 Accuracy (``--part accuracy``): relative error 𝓔 (mean over the last 1,000 iterations of
 ‖θ·δ − θ*‖/‖θ*‖) of exact and async on §4.1 linear data, p = 1,000 (N = 500), ϱ ∈ {0, 0.9},
 ``--seeds`` data sets, 2,000 iterations (1,000 warmup + 1,000 kept), J = 100, paper priors
-(ρ0 = N, ρ1 = 1, u = 1.5), start δ = 0 with θ from the spike; and (``--part logistic``) exact
-(MALA), async (MALA) and SA-SGLD (B = 100, ε = 0.01) on §4.2 logistic data, p = 1,000, N = 500,
+(ρ0 = N, ρ1 = 1, u = 1.5), start δ = 0 with θ from the spike, async with each ``--taylor`` term
+(default: the paper's Q = 0 and the kernel's default second order); and (``--part logistic``)
+exact (MALA), async (MALA; default Taylor terms: the paper's ½θ²G² and second order) and SA-SGLD (B = 100, ε = 0.01) on §4.2 logistic data, p = 1,000, N = 500,
 started at the true support (the paper starts at a lasso fit).
 
 Usage::
@@ -26,7 +27,7 @@ Usage::
     python benchmarks/bench_sparse_async.py --part scaling --repeats 3 --family linear
     python benchmarks/bench_sparse_async.py --part scaling --repeats 3 --family logistic
     python benchmarks/bench_sparse_async.py --part accuracy --seeds 3
-    python benchmarks/bench_sparse_async.py --part accuracy --seeds 3 --rho 0.9 --sensitive
+    python benchmarks/bench_sparse_async.py --part accuracy --seeds 3 --rho 0.9 --taylor first second sensitive
     python benchmarks/bench_sparse_async.py --part accuracy --seeds 3 --p 5000 --rho 0
     python benchmarks/bench_sparse_async.py --part logistic --seeds 2
 """
@@ -138,44 +139,41 @@ def _run(model, variant, X, y, seed, init=None, **kw):
     return mcmc, wall
 
 
-def accuracy(seeds, p=1000, rhos=(0.0, 0.9), sensitive=False):
+def accuracy(seeds, p=1000, rhos=(0.0, 0.9), taylors=("first", "second")):
     out = {}
+    runs = [("exact", {})] + [(f"async-{t}", {"taylor": t}) for t in taylors]
     for rho in rhos:
         for seed in range(seeds):
             X, y, truth = ds.simulate_sparse_linear(p, correlation=rho, seed=seed)
-            runs = [("exact", {}), ("async", {})] + ([("async-sensitive", {"taylor": "sensitive"})] if sensitive else [])
-            for variant, kw in runs:
-                mcmc, wall = _run(ds.sparse_async_linear_model, variant.split("-")[0], X, y, seed, **kw)
+            for name, kw in runs:
+                mcmc, wall = _run(ds.sparse_async_linear_model, name.split("-")[0], X, y, seed, **kw)
                 err = relative_error(mcmc, truth)
                 size = float(np.median(np.asarray(mcmc.get_extra_fields()["model_size"])))
-                out.setdefault(f"rho{rho}_{variant}", []).append(err)
-                print(f"linear p={p} ϱ={rho} seed={seed} {variant:5s}: 𝓔 = {err:.4f}, median |δ| = {size:.0f}, "
+                out.setdefault(f"rho{rho}_{name}", []).append(err)
+                print(f"linear p={p} ϱ={rho} seed={seed} {name:14s}: 𝓔 = {err:.4f}, median |δ| = {size:.0f}, "
                       f"{wall:.1f} s", flush=True)
-        e, a = np.mean(out[f"rho{rho}_exact"]), np.mean(out[f"rho{rho}_async"])
-        print(f"ϱ = {rho}: mean 𝓔 exact {e:.4f}, async {a:.4f}, ratio {a / e:.2f}", flush=True)
-        if sensitive:
-            a2 = np.mean(out[f"rho{rho}_async-sensitive"])
-            print(f"ϱ = {rho}: mean 𝓔 async (taylor='sensitive') {a2:.4f}, ratio {a2 / e:.2f}", flush=True)
+        e = np.mean(out[f"rho{rho}_exact"])
+        for name, _ in runs[1:]:
+            a = np.mean(out[f"rho{rho}_{name}"])
+            print(f"ϱ = {rho}: mean 𝓔 exact {e:.4f}, {name} {a:.4f}, ratio {a / e:.2f}", flush=True)
     return out
 
 
-def logistic(seeds, p=1000):
+def logistic(seeds, p=1000, taylors=("sensitive", "second")):
     out = {}
+    runs = ([("exact", {})] + [(f"async-{t}", {"taylor": t}) for t in taylors]
+            + [("sgld", {"subsample_size": 100, "step_size": 0.01})])
     for seed in range(seeds):
         X, y, truth = ds.simulate_sparse_logistic(p, seed=seed)
         init = {"theta": jnp.asarray(truth), "delta": jnp.asarray((truth != 0).astype(np.int32))}
-        for variant, kw in (
-            ("exact", {}),
-            ("async", {}),
-            ("sgld", {"subsample_size": 100, "step_size": 0.01}),
-        ):
-            mcmc, wall = _run(ds.sparse_async_logistic_model, variant, X, y, seed, init=init, **kw)
+        for name, kw in runs:
+            mcmc, wall = _run(ds.sparse_async_logistic_model, name.split("-")[0], X, y, seed, init=init, **kw)
             err = relative_error(mcmc, truth)
-            out.setdefault(variant, []).append(err)
-            print(f"logistic p={p} seed={seed} {variant:5s}: 𝓔 = {err:.4f}, {wall:.1f} s", flush=True)
+            out.setdefault(name, []).append(err)
+            print(f"logistic p={p} seed={seed} {name:14s}: 𝓔 = {err:.4f}, {wall:.1f} s", flush=True)
     e = np.mean(out["exact"])
-    for v in ("async", "sgld"):
-        print(f"logistic: mean 𝓔 {v} {np.mean(out[v]):.4f} vs exact {e:.4f}: ratio {np.mean(out[v]) / e:.2f}")
+    for name, _ in runs[1:]:
+        print(f"logistic: mean 𝓔 {name} {np.mean(out[name]):.4f} vs exact {e:.4f}: ratio {np.mean(out[name]) / e:.2f}")
     return out
 
 
@@ -186,7 +184,9 @@ def main(argv=None):
     ap.add_argument("--p", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--rho", type=float, nargs="+", default=[0.0, 0.9])
-    ap.add_argument("--sensitive", action="store_true", help="also run async with taylor='sensitive'")
+    ap.add_argument("--taylor", nargs="+", choices=("first", "sensitive", "second"), default=None,
+                    help="the Taylor terms of the async runs (default: accuracy first and second, "
+                         "logistic sensitive and second)")
     ap.add_argument("--family", choices=("linear", "logistic"), default="linear",
                     help="the likelihood of --part scaling")
     ap.add_argument("--json", default=None)
@@ -196,9 +196,9 @@ def main(argv=None):
     elif a.part == "scaling":
         res = scaling(a.repeats, a.family)
     elif a.part == "accuracy":
-        res = accuracy(a.seeds, a.p, tuple(a.rho), a.sensitive)
+        res = accuracy(a.seeds, a.p, tuple(a.rho), *([a.taylor] if a.taylor else []))
     else:
-        res = logistic(a.seeds, a.p)
+        res = logistic(a.seeds, a.p, *([a.taylor] if a.taylor else []))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)

@@ -95,10 +95,12 @@ class SparseAsync(SGKernel):
     :param str inner: STEP 1 move for ``"exact"``/``"async"``: ``"gaussian"`` (Gaussian
         likelihood with a fixed scale through X·β and a Normal slab), ``"mala"``, or ``"auto"``
         (default: gaussian when it applies, else MALA).  Not an option of ``"sgld"``.
-    :param taylor: Q_j of the asynchronous update: ``"first"`` (Q = 0), ``"sensitive"``
-        (Q = ½θ_j²G_j², the paper's eq. (6)) or ``"second"`` (Q = ±½θ_j²·abs(∂²ℓ/∂β_j²), exact
-        for a Gaussian likelihood).  Default: ``"first"`` for a Gaussian likelihood,
-        ``"sensitive"`` otherwise (see ``docs/sparse_async.md`` for the measured trade-offs).
+    :param taylor: Q_j of the asynchronous update: ``"second"`` (default; Q = ±½θ_j²·abs(∂²ℓ/
+        ∂β_j²), exact for a Gaussian likelihood, one more O(n·J) product), ``"first"`` (Q = 0)
+        or ``"sensitive"`` (Q = ½θ_j²G_j², the paper's eq. (6)).  The paper's two are accurate
+        only when the spike's precision is about the likelihood's curvature ∂²ℓ/∂β_j² (its
+        prior ρ0 = N with columns scaled to ‖X_j‖² = N); otherwise they bias the inclusion
+        probabilities (see ``docs/sparse_async.md``).
     :param str async_point: where G is evaluated: ``"current"`` (default; β = θ·(δ ∨ 1_J), the
         authors' code) or ``"excluded"`` (the chosen ones off; the paper's eq. (7)).
     :param int max_active: static size of the active-set index list of the fast path (default
@@ -240,10 +242,9 @@ class SparseAsync(SGKernel):
                 "there, or gather the rows into one process.")
         data_args, data_kwargs = auto_view(model_args, model_kwargs)  # eager code on Explicit meshes too
         info = trace_model(self._model, data_args, data_kwargs)
-        # the GLM family is needed for the fast path and for the default taylor (Gaussian or not)
-        detect = o.fast_path != "generic" or (o.variant != "exact" and o.taylor is None)
         ss = find_spike_slab(
-            self._model, data_args, data_kwargs, **self._sites, glm="auto" if detect else False,
+            self._model, data_args, data_kwargs, **self._sites,
+            glm="auto" if o.fast_path != "generic" else False,
             subsample_size=self._subsample_size if o.variant == "sgld" else None, info=info,
         )
         plan, constants, mb = make_plan(o, ss, info, self._model, data_args, data_kwargs,

@@ -126,7 +126,7 @@ def make_plan(o: SparseAsyncOptions, ss, info, model, model_args, model_kwargs, 
     if o.max_active is not None and why is not None:
         raise ValueError(f"max_active applies to the GLM fast path, which does not apply here: {why}.")
     m = min(p, 256) if o.max_active is None else min(int(o.max_active), p)
-    taylor = o.taylor or ("first" if family == "gaussian" else "sensitive")
+    taylor = o.taylor or "second"
     plan = Plan(
         ss=ss, variant=o.variant, inner=inner, taylor=None if o.variant == "exact" else taylor,
         point=o.async_point or "current", update_size=J, max_active=m, buckets=bucket_sizes(m),
