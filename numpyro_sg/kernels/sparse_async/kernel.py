@@ -98,9 +98,9 @@ class SparseAsync(SGKernel):
     :param taylor: Q_j of the asynchronous update: ``"second"`` (default; Q = ±½θ_j²·abs(∂²ℓ/
         ∂β_j²), exact for a Gaussian likelihood, one more O(n·J) product), ``"first"`` (Q = 0)
         or ``"sensitive"`` (Q = ½θ_j²G_j², the paper's eq. (6)).  The paper's two are accurate
-        only when the spike's precision is about the likelihood's curvature ∂²ℓ/∂β_j² (its
-        prior ρ0 = N with columns scaled to ‖X_j‖² = N); otherwise they bias the inclusion
-        probabilities (see ``docs/sparse_async.md``).
+        only when the spike's precision is at least the likelihood's curvature abs(∂²ℓ/∂β_j²)
+        (its prior ρ0 = N with columns scaled to ‖X_j‖² = N); with a wider spike they bias the
+        inclusion probabilities (see ``docs/sparse_async.md``).
     :param str async_point: where G is evaluated: ``"current"`` (default; β = θ·(δ ∨ 1_J), the
         authors' code) or ``"excluded"`` (the chosen ones off; the paper's eq. (7)).
     :param int max_active: static size of the active-set index list of the fast path (default
