@@ -3,7 +3,7 @@
     python examples/mamba_tuning.py                      # N = 100,000, 20 s per tuner, all in
     python examples/mamba_tuning.py --num-data 20000 --budget 10
 
-Paper 002's logistic regression (Appendix B.1): d = 10, prior N(0, 10·I), simulated data.
+Coullon, South & Nemeth's (2023) logistic regression (Appendix B.1): d = 10, prior N(0, 10·I), simulated data.
 MAMBA (:func:`numpyro_sg.mamba`) picks SGLD's step size from decades in the units of its
 default Laplace preconditioner (posterior sds; the default is 0.7) and the batch size from
 {10%, 1%, 0.1%} of N, then the corrected SGBD's absolute step size σ on Coullon, South & Nemeth's (2023) style of

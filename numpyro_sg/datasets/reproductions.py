@@ -1,4 +1,4 @@
-r"""Paper 001's experiments: the skew-normal toy (§5.1, Fig. 2) and the plots of §5.3 (Fig. 7).
+r"""Mauri & Zanella's (2024) experiments: the skew-normal toy (§5.1, Fig. 2) and the plots of §5.3 (Fig. 7).
 
 **Skew-normal toy.**  The target is the skew-normal density π(x) = 2·φ(x)·Φ(αx) (location 0,
 scale 1) with score s(x) = −x + α·φ(αx)/Φ(αx), which grows like −α²x on the left as the shape

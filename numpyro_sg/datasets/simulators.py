@@ -113,7 +113,7 @@ def simulate_esgld_linear(
     intercept: bool = True,
     seed: int = 0,
 ):
-    r"""Paper 000's linear example (Table 1, supp. §4.1, eq. S9).
+    r"""Song, Sun, Ye & Liang's (2020) linear example (Table 1, supp. §4.1, eq. S9).
 
     y = z_1 + … + z_5 − z_6 − z_7 − z_8 + ε, ε ~ N(0, σ²) (σ = ``noise_sd``), the p
     explanatory variables z ~ N(0, Σ) with all pairwise correlations ``correlation``.  With
@@ -143,7 +143,7 @@ def simulate_esgld_logistic(
     intercept: bool = True,
     seed: int = 0,
 ):
-    r"""Paper 000's logistic example (Table S1, supp. §4.2, eq. S12).
+    r"""Song, Sun, Ye & Liang's (2020) logistic example (Table S1, supp. §4.2, eq. S12).
 
     logit P(y = 1) = z_1 + … + z_5 − z_6 − z_7 − z_8, z as in :func:`simulate_esgld_linear`;
     "half of the responses 1": cases (y = 1) and controls (y = 0) are drawn from the model
@@ -274,7 +274,7 @@ def _sparse_design(num_features, num_data, correlation, num_nonzero, seed):
 def simulate_sparse_linear(num_features: int = 1000, num_data: int | None = None,
                            correlation: float = 0.0, num_nonzero: int = 10,
                            noise_sd: float = 1.0, seed: int = 0):
-    r"""Paper 003's linear example (§4.1).
+    r"""Atchadé & Wang's (2023) linear example (§4.1).
 
     Rows of X ~ N(0, Σ) with Σ_ij = ϱ^|i−j| (ϱ = ``correlation``, 0 or 0.9 in the paper);
     θ* has its first ``num_nonzero`` = 10 entries drawn uniformly from (−3, −2) ∪ (2, 3) and
@@ -289,7 +289,7 @@ def simulate_sparse_linear(num_features: int = 1000, num_data: int | None = None
 
 def simulate_sparse_logistic(num_features: int = 1000, num_data: int | None = None,
                              correlation: float = 0.0, num_nonzero: int = 10, seed: int = 0):
-    r"""Paper 003's logistic example (§4.2): X and θ* as in :func:`simulate_sparse_linear`,
+    r"""Atchadé & Wang's (2023) logistic example (§4.2): X and θ* as in :func:`simulate_sparse_linear`,
     y_i ~ Bernoulli(1/(1 + exp(−⟨x_i, θ*⟩))), N = p/2 by default.
 
     Returns ``(X, y, theta_true)`` as float32 NumPy arrays.
@@ -317,7 +317,7 @@ def sparse_async_linear_model(
     noise_sd: float = 1.0,
     subsample_size: int | None = None,
 ):
-    r"""Paper 003's spike-and-slab linear regression, eq. (2), with its defaults.
+    r"""Atchadé & Wang's (2023) spike-and-slab linear regression, eq. (2), with its defaults.
 
     π(δ) ∝ p^(−u·size(δ)) (δ_j ~ Bernoulli with logit −u·log p; u = 1.5),
     θ_j | δ_j ~ N(0, 1/ρ_{δ_j}) with ρ0 = N (``rho0=None``) and ρ1 = 1, β = θ·δ and
@@ -337,7 +337,7 @@ def sparse_async_logistic_model(
     u: float = 1.5,
     subsample_size: int | None = None,
 ):
-    r"""Paper 003's spike-and-slab logistic regression (§4.2): the prior of
+    r"""Atchadé & Wang's (2023) spike-and-slab logistic regression (§4.2): the prior of
     :func:`sparse_async_linear_model` (ρ0 = N, ρ1 = 1, u = 1.5) and
     y ~ Bernoulli(logits = X·(θ·δ)), in a plate of size N (``subsample_size`` = B or N).
     """

@@ -26,7 +26,7 @@ __all__ = [
     "predicted_ascent",
     "columns_within_memory",
     "hessian_from_products",
-    "hessian_diagonals",
+    "local_modes_below",
     "positive_curvature",
     "laplace_preconditioner",
     "dense_or_fallback",
@@ -86,18 +86,6 @@ def columns_within_memory(bytes_per_column: int, d: int, budget: int | None = No
     return int(np.clip(budget // max(int(bytes_per_column), 1), 1, d))
 
 
-def hessian_diagonals(log_density, xs, max_products: int = 64):
-    """diag H(x) at each row x of ``xs`` (S, d), exact: d Hessian-vector products e_jᵀ·H·e_j per
-    point, at most ``max_products`` at once (``lax.map`` over blocks of points); call in ``jit``."""
-    d = xs.shape[1]
-    eye = jnp.eye(d, dtype=xs.dtype)
-
-    def one(x):
-        return jnp.sum(eye * jax.vmap(lambda v: jax.jvp(jax.grad(log_density), (x,), (v,))[1])(eye), axis=1)
-
-    return jax.lax.map(one, xs, batch_size=max(1, max_products // d))
-
-
 def hessian_from_products(products, d: int, block: int, dtype) -> np.ndarray:
     """H (d, d) float64 from ``products(V)`` = (H·v for the rows v of V), ``block`` columns at
     a time (the last block padded with zero rows)."""
@@ -118,6 +106,22 @@ def predicted_ascent(grad, neg_h) -> float:
     with np.errstate(divide="ignore", invalid="ignore"):
         value = 0.5 * float(np.sum(g**2 / h))
     return value if np.isfinite(value) else np.inf
+
+
+def local_modes_below(best: float, values, ascents, gap: float) -> np.ndarray:
+    """Which end points, of log densities ``values`` and predicted further ascents ``ascents``
+    (:func:`predicted_ascent`), sit in a local mode more than ``gap`` nats below ``best``: those
+    that have about stopped climbing (a ≤ ``gap``) and stop well below it (Δ − a > ``gap``,
+    Δ = ``best`` − value).  An end still climbing (a large a: unconverged, or on a slope
+    towards a scale's boundary) is no evidence of another mode.
+
+    >>> local_modes_below(0.0, [-100.0, -100.0, -5.0], [3.0, 90.0, 0.0], 20.0).tolist()
+    [True, False, False]
+    """
+    values, ascents = np.asarray(values, np.float64), np.asarray(ascents, np.float64)
+    finite = np.isfinite(values) & np.isfinite(ascents)
+    below = np.where(finite, best - values - np.where(finite, ascents, 0.0), -np.inf)
+    return finite & (ascents <= gap) & (below > gap)
 
 
 def noise_heat_of(tau_working) -> float:

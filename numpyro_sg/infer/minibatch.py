@@ -30,6 +30,7 @@ smooth τ̂ with an EMA over iterations (``noise_ema_weight``), which restores t
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -107,6 +108,13 @@ class GradientEstimate(NamedTuple):
     noise_sd: Any
 
 
+@partial(jax.jit, static_argnums=(1, 2))
+def _random_rows(key, sizes: tuple, rows: int) -> tuple:
+    """Per plate size N: ``rows`` rows drawn with replacement, or all N when N ≤ ``rows`` (one program)."""
+    return tuple(draw_with_replacement(random.fold_in(key, k), N, rows) if N > rows
+                 else jnp.arange(N, dtype=jnp.int32) for k, N in enumerate(sizes))
+
+
 class Minibatcher:
     """Index drawing and (mini-batch / full-data / per-datum) log densities for one model.
 
@@ -156,9 +164,8 @@ class Minibatcher:
     def random_rows(self, rows: int, key) -> dict:
         """A random subsample of ``rows`` rows per plate, with replacement (all of them when
         N ≤ ``rows``)."""
-        return {p.name: draw_with_replacement(random.fold_in(key, k), p.size, rows)
-                if p.size > rows else jnp.arange(p.size, dtype=jnp.int32)
-                for k, p in enumerate(self.plates)}
+        drawn = _random_rows(key, tuple(p.size for p in self.plates), rows)
+        return {p.name: idx for p, idx in zip(self.plates, drawn)}
 
     @property
     def fraction_unsampled(self) -> float:

@@ -28,11 +28,11 @@ from jax import random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer import init_to_sample
 
-from numpyro_sg.infer.curvature import predicted_ascent
+from numpyro_sg.infer.curvature import local_modes_below, predicted_ascent
 from numpyro_sg.infer.model_info import ModelInfo, improper_to_uniform, trace_model
 
-__all__ = ["prior_or_uniform", "start_candidates", "explore_starts", "start_ascents", "usual_start",
-           "break_symmetry"]
+__all__ = ["prior_or_uniform", "start_candidates", "flat_prior_draws", "explore_starts", "first_ends_settled", "best_ends", "padded_rows",
+           "start_ascents", "usual_start", "break_symmetry"]
 
 
 def prior_or_uniform(site):
@@ -51,15 +51,15 @@ def _flat_draws(model, model_args, model_kwargs, strategy, keys, dtype):
 
 
 def _first_chain(info: ModelInfo, dtype):
-    """The init strategy's chain-0 draw, flat, or ``None`` (also when it is traced: under
-    ``chain_method="parallel"`` the draw depends on the chain's key, and the mode search runs
-    eagerly, once for every chain)."""
+    """The init strategy's chain-0 draw, flat (1, d) (NumPy), or ``None`` (also when it is
+    traced: under ``chain_method="parallel"`` the draw depends on the chain's key, and the
+    mode search runs eagerly, once for every chain)."""
     if info.init_values is None or any(isinstance(v, jax.core.Tracer)
                                        for v in jax.tree.leaves(info.init_values)):
         return None
-    first = {k: v[0] if jnp.ndim(v) > len(info.sites[k].unconstrained_shape) else v
+    first = {k: np.asarray(v)[0] if np.ndim(v) > len(info.sites[k].unconstrained_shape) else np.asarray(v)
              for k, v in info.init_values.items()}
-    return ravel_pytree(first)[0].astype(dtype)[None]
+    return np.concatenate([np.ravel(v) for v in jax.tree.leaves(first)]).astype(dtype)[None]
 
 
 def break_symmetry(x, grad, key, scale):
@@ -78,7 +78,7 @@ def usual_start(full_vg, info: ModelInfo, unravel_dim, dtype, key=None, scale=0.
     """The mode search's usual start: the unconstrained zero point (its exact-zero-gradient
     coordinates perturbed, :func:`break_symmetry`), or chain 0's initial draw where log π is not
     finite there.  ``full_vg``: ``x -> (log π(x), ∇ log π(x))``; ``unravel_dim``: d."""
-    zero = jnp.zeros(unravel_dim, dtype)
+    zero = np.zeros(unravel_dim, dtype)
     value, grad = full_vg(zero)
     if np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad))):
         if key is None or scale == 0 or not np.any(np.asarray(grad) == 0):
@@ -93,49 +93,102 @@ def usual_start(full_vg, info: ModelInfo, unravel_dim, dtype, key=None, scale=0.
     return _first_chain(info, dtype)[0]
 
 
-def start_candidates(start, info: ModelInfo, model_args, model_kwargs, num_starts: int, key):
-    """The ``num_starts`` starts of :func:`explore_starts` (module docstring), an array (S, d):
-    ``start``, the init strategy's chain-0 draw, then ``init_to_uniform`` and prior draws
-    (half each; uniform draws instead when the prior cannot be sampled)."""
-    dtype = start.dtype
-    parts = [start[None]]
-    first = _first_chain(info, dtype)
-    if first is not None and num_starts > 1:
-        parts.append(first)
-    rest = max(num_starts - len(parts), 0)
-    n_prior = rest // 2
-    key_u, key_p = random.split(key)
-    try:
-        prior = _flat_draws(info.model, model_args, model_kwargs, prior_or_uniform,
-                            random.split(key_p, n_prior), dtype)
-    except NotImplementedError:  # a distribution without a sampler
-        prior, n_prior = None, 0
-    # init_to_uniform draws each unconstrained coordinate from U(−2, 2): no trace needed
-    uniform = random.uniform(key_u, (rest - n_prior, start.shape[0]), dtype, -2.0, 2.0)
-    parts += [p for p in (uniform, prior) if p is not None]
-    return jnp.concatenate(parts, axis=0)
+def start_candidates(start, info: ModelInfo, prior_draws, num_starts: int, first: int, key):
+    """The ``num_starts`` starts of :func:`explore_starts` (module docstring): ``(the first
+    ``first`` starts (k, d), a function giving the others (S − k, d))``.  The first are
+    ``start``, the init strategy's chain-0 draw and ``init_to_uniform`` draws (U(−2, 2) per
+    unconstrained coordinate: no model trace); the others, drawn only when asked for (a
+    multimodal posterior), prior and uniform draws in turn (all in the first when ``first`` ≥
+    ``num_starts``).  ``prior_draws(key, n)``: n flat
+    draws (n, d) of :func:`prior_or_uniform` in one compiled program; a
+    ``NotImplementedError`` (a distribution without a sampler) gives uniform draws instead."""
+    rng = np.random.default_rng(np.asarray(random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+                                           else key, np.uint32))
+    d, dtype = start.shape[0], start.dtype
+    parts = [np.asarray(start, dtype)[None]]
+    chain0 = _first_chain(info, dtype)
+    if chain0 is not None and num_starts > 1:
+        parts.append(chain0)
+    parts = np.concatenate(parts)[:max(num_starts, 1)]
+    k = max(1, min(first, num_starts))
+
+    def drawn(rest):
+        if rest <= 0:
+            return np.zeros((0, d), dtype)
+        uniform = rng.uniform(-2.0, 2.0, (rest - rest // 2, d)).astype(dtype)
+        try:
+            prior = np.asarray(prior_draws(random.fold_in(key, 1), rest // 2), dtype)
+        except NotImplementedError:
+            prior = rng.uniform(-2.0, 2.0, (rest // 2, d)).astype(dtype)
+        return np.stack([kind[i] for i in range(len(uniform)) for kind in (prior, uniform) if i < len(kind)])
+
+    if k >= num_starts:  # every start at once
+        rest = num_starts - len(parts)
+        return (np.concatenate([parts, drawn(rest)]) if rest > 0 else parts), lambda: parts[:0]
+    firsts = np.concatenate([parts, rng.uniform(-2.0, 2.0, (max(k - len(parts), 0), d)).astype(dtype)])
+    return firsts[:k], lambda: np.concatenate([firsts[k:], drawn(num_starts - len(firsts))])
 
 
-def explore_starts(starts, adam_many, full_value_and_grad_many, key, steps: int):
-    """Short Adam ascents from each start; the best end point by full-data log density.
+def flat_prior_draws(model, model_args, model_kwargs, key, n: int, dtype):
+    """n flat draws (n, d) of :func:`prior_or_uniform` (traceable: one program under ``jit``)."""
+    return _flat_draws(model, model_args, model_kwargs, prior_or_uniform, random.split(key, n), dtype)
 
-    :param starts: (S, d) starting points (:func:`start_candidates`).
-    :param adam_many: ``(xs, keys, steps) -> xs``, Adam on mini-batches from each row of xs.
-    :param full_value_and_grad_many: ``xs -> (log π, ∇ log π)`` at each row of xs (S, d), over
-        all the data (one batched pass).
+
+def padded_rows(rows, size: int):
+    """``rows`` (k ≤ size, d) padded to ``size`` rows by repeating the last (one shape, one program)."""
+    return np.concatenate([rows, np.repeat(rows[-1:], size - len(rows), axis=0)]) if len(rows) < size else rows
+
+
+def explore_starts(starts, ascend, values_at, key, first: int, settled, num_starts: int):
+    """Adam ascents from the starts, ``first`` at a time, and the full-data log density at their
+    ends; after the first ``first`` starts, more only when ``settled`` says their ends do not
+    agree (:func:`first_ends_settled`): a log-concave posterior is then settled by a few
+    starts, a multimodal one gets them all.
+
+    :param starts: ``(first starts, function giving the others)`` (:func:`start_candidates`).
+    :param ascend: ``(xs, keys) -> xs``, Adam on mini-batches from each row of xs (k, d) with
+        k = ``first``: every call has one shape, and compiles once.
+    :param values_at: ``xs -> (log π, ∇ log π)`` at each row of xs (k, d), over all the data.
     :param key: key of the mini-batches.
-    :param int steps: Adam steps per start.
-    :return: ``(best point (d,), log densities of the S end points (non-finite: -inf),
-        their full-data gradients (S, d), the end points (S, d))``.
+    :param settled: ``(values, grads, ends) -> bool`` of the first ends.
+    :param num_starts: how many starts in all.
+    :return: ``(log densities of the S' ≤ S end points (non-finite: -inf), their full-data
+        gradients (S', d), the end points (S', d))``.
     """
-    ends = np.asarray(adam_many(starts, random.split(key, starts.shape[0]), steps))
-    values, grads = full_value_and_grad_many(ends)
-    values, grads = np.asarray(values, np.float64), np.asarray(grads, np.float64)
-    ok = np.isfinite(values) & np.all(np.isfinite(grads), axis=1)
-    values, grads = np.where(ok, values, -np.inf), np.where(ok[:, None], grads, np.inf)
-    if not np.any(ok):
-        return np.asarray(starts)[0], values, grads, ends
-    return ends[int(np.argmax(values))], values, grads, ends
+    firsts, others = starts
+    values, grads, ends = [], [], []
+    batches = [firsts]
+    while batches:
+        chunk = batches.pop(0)
+        lo = sum(len(e) for e in ends)
+        x = np.asarray(ascend(padded_rows(chunk, first), random.split(random.fold_in(key, lo), first)))[:len(chunk)]
+        v, g = (np.asarray(a, np.float64)[:len(chunk)] for a in values_at(padded_rows(x, first)))
+        ok = np.isfinite(v) & np.all(np.isfinite(g), axis=1)
+        values.append(np.where(ok, v, -np.inf))
+        grads.append(np.where(ok[:, None], g, np.inf))
+        ends.append(x)
+        if lo == 0 and len(firsts) < num_starts and not settled(values[0], grads[0], ends[0]):
+            rest = others()
+            batches = [rest[i:i + first] for i in range(0, len(rest), first)]
+    return np.concatenate(values), np.concatenate(grads), np.concatenate(ends)
+
+
+def first_ends_settled(values, grads, ends, curvature_many, gap: float) -> bool:
+    """True when the first starts' ends agree: all finite, and none in a local mode more than
+    ``gap`` nats below the best (:func:`~numpyro_sg.infer.curvature.local_modes_below`, with
+    :func:`start_ascents`; an end still climbing is no evidence of another mode)."""
+    values = np.asarray(values, np.float64)
+    if not np.all(np.isfinite(values)):
+        return False
+    best = float(np.max(values))
+    ascents = start_ascents(values, grads, ends, curvature_many, best, gap)
+    return not np.any(local_modes_below(best, values, ascents, gap))
+
+
+def best_ends(values, ends, k: int):
+    """The ``k`` end points of highest log density (padded by repeating, best first)."""
+    order = np.argsort(-np.asarray(values, np.float64), kind="stable")[:k]
+    return padded_rows(np.asarray(ends)[order], k)
 
 
 #: up to this many coordinates :func:`start_ascents` uses the exact Hessian's diagonal (d

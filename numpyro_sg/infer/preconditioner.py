@@ -21,8 +21,10 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
+from jax import random
 
 __all__ = [
+    "laplace_draw",
     "Preconditioner",
     "identity_preconditioner",
     "to_working",
@@ -160,3 +162,11 @@ def laplace_misfit(P: Preconditioner, mode, mean, cov):
         offset = (mean - mode) / scale
         eig = (np.diag(cov) if cov.ndim == 2 else cov) / scale**2
     return float(np.max(np.abs(offset))), float(np.min(eig)), float(np.max(eig))
+
+
+def laplace_draw(mode, preconditioner: Preconditioner, key, jitter: float = 1.0):
+    """One chain's flat start θ̂ + ``jitter``·L·ξ, ξ ~ N(0, I) from the chain's ``key``, for the
+    warmup's mode θ̂ and ``preconditioner`` L (a draw from the Laplace approximation N(θ̂, Σ̂)
+    for ``jitter=1``; traceable: the kernels draw it inside their ``init`` program)."""
+    xi = random.normal(random.fold_in(key, 7), mode.shape, mode.dtype)
+    return mode + jitter * from_working(preconditioner, xi)

@@ -32,6 +32,8 @@ step, no all-gather) is what carries to GPUs and hosts.
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -45,7 +47,7 @@ from jax.sharding import PartitionSpec as P
 from numpyro import handlers
 
 __all__ = ["shard_rows", "DataShards", "find_data_shards", "auto_view", "check_not_parallel",
-           "spans_processes", "without_global_observations"]
+           "spans_processes", "without_global_observations", "eager_under_trace"]
 
 
 def shard_rows(x, mesh: Mesh, data_axis="data"):
@@ -224,6 +226,15 @@ def check_not_parallel(model_args, model_kwargs, traced: bool):
             "chain_method='parallel' runs one chain per device and cannot also split the data "
             "over the devices of a mesh: use chain_method='vectorized' (all chains on the data "
             "mesh) or 'sequential'.")
+
+
+def eager_under_trace(rng_key):
+    """``jax.ensure_compile_time_eval()`` when ``init`` runs under a trace over chains
+    (``chain_method="parallel"``: ``rng_key`` is a tracer), so that the structural work and the
+    warmup run eagerly there too; otherwise nothing.  Outside a trace the context is not
+    needed, and it would fold every constant of the warmup's programs eagerly while they are
+    traced (one small compiled program per operation)."""
+    return jax.ensure_compile_time_eval() if isinstance(rng_key, jax.core.Tracer) else contextlib.nullcontext()
 
 
 def auto_view(model_args, model_kwargs):

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 from jax import random
 
-__all__ = ["variational_adam", "adam_ascent", "INITIAL_SD"]
+__all__ = ["variational_adam", "adam_ascent", "cosine_rate", "INITIAL_SD"]
 
 #: the variational sds at the start (on the unconstrained space), as NumPyro's ``AutoNormal``
 INITIAL_SD = 0.1
@@ -59,19 +59,30 @@ def variational_adam(flat_ld, mb, start, learning_rate: float, key, steps: int):
     return m, jnp.exp(rho)
 
 
-def adam_ascent(flat_ld, mb, start, learning_rate: float, key, steps: int):
-    """``steps`` Adam steps (optax, cosine-decayed ``learning_rate``) maximising the mini-batch
-    log density ``flat_ld(x, indices)`` from ``start``: the mode search's stochastic phase (a
-    ``lax.scan``, call inside ``jit``; a non-finite gradient skips its step)."""
-    opt = optax.adam(optax.cosine_decay_schedule(learning_rate, max(steps, 1), alpha=0.01))
+def cosine_rate(learning_rate, step, steps, alpha: float = 0.01):
+    """``learning_rate`` cosine-decayed over ``steps`` steps to ``alpha`` of it, at ``step``
+    (optax's ``cosine_decay_schedule``, with ``steps`` and ``learning_rate`` allowed to be traced)."""
+    progress = jnp.minimum(step, steps) / jnp.maximum(steps, 1)
+    return learning_rate * (alpha + (1.0 - alpha) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress)))
 
-    def body(carry, k):
+
+def adam_ascent(flat_ld, mb, start, learning_rate, key, steps):
+    """``steps`` Adam steps (optax's ``scale_by_adam``, cosine-decayed ``learning_rate``,
+    :func:`cosine_rate`) maximising the mini-batch log density ``flat_ld(x, indices)`` from
+    ``start``: the mode search's stochastic phase (call inside ``jit``; a non-finite gradient
+    skips its step).  ``steps`` and ``learning_rate`` may be traced: one compiled program
+    serves the multi-start ascents and the main phase (step t's mini-batch comes from
+    ``fold_in(key, t)``)."""
+    adam = optax.scale_by_adam()
+
+    def body(t, carry):
         x, state = carry
-        idx, _ = mb.draw(k, None)
+        idx, _ = mb.draw(random.fold_in(key, t), None)
         g = jax.grad(flat_ld)(x, idx)
         ok = jnp.all(jnp.isfinite(g))
-        updates, new_state = opt.update(-jnp.where(ok, g, 0.0), state, x)
-        return (jnp.where(ok, optax.apply_updates(x, updates), x), new_state), None
+        direction, new_state = adam.update(-jnp.where(ok, g, 0.0), state, x)
+        moved = x - cosine_rate(learning_rate, t, steps).astype(x.dtype) * direction
+        return jnp.where(ok, moved, x), new_state
 
-    (x, _), _ = jax.lax.scan(body, (start, opt.init(start)), random.split(key, steps))
+    x, _ = jax.lax.fori_loop(0, steps, body, (start, adam.init(start)))
     return x

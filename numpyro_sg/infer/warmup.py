@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from functools import cached_property
+from functools import cached_property, partial
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +49,6 @@ from tqdm.auto import tqdm
 from numpyro_sg.infer.curvature import (
     columns_within_memory,
     dense_or_fallback,
-    hessian_diagonals,
     hessian_from_products,
     hutchinson_diagonal,
     laplace_preconditioner,
@@ -61,11 +60,12 @@ from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.laplace import NewtonResult, damped_newton, log_density_not_lower
 from numpyro_sg.infer.minibatch import Anchor, Minibatcher
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
-from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, break_symmetry, explore_starts, start_ascents,
-                                         start_candidates, usual_start)
+from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, best_ends, break_symmetry, explore_starts, first_ends_settled,
+                                         padded_rows,
+                                         start_ascents, start_candidates, flat_prior_draws, usual_start)
 from numpyro_sg.infer.plates import subsample_plates
 from numpyro_sg.infer.programs import placement_key, tree_signature
-from numpyro_sg.infer.preconditioner import Preconditioner, from_working
+from numpyro_sg.infer.preconditioner import Preconditioner, laplace_draw
 from numpyro_sg.infer.sharding import auto_view
 from numpyro_sg.infer.variational import adam_ascent, variational_adam
 from numpyro_sg.infer.warmup_options import ModeFit, WarmupOptions
@@ -81,8 +81,8 @@ class _WarmupPrograms:
     (:func:`~numpyro_sg.infer.jit_data.jit_with_data`); ``rows`` are the Hessian's rows."""
 
     def __init__(self, mb: Minibatcher, unravel, model_args, model_kwargs, options: WarmupOptions,
-                 rows: dict, signature=None):
-        self.mb, self.unravel, self.options, self.rows = mb, unravel, options, rows
+                 rows: dict, signature=None, dtype=None):
+        self.mb, self.unravel, self.options, self.rows, self.dtype = mb, unravel, options, rows, dtype
         self.hessian_block = None   # columns of H per Hessian-vector block (dense_curvature)
         self.data = (model_args, model_kwargs)
         # what every program computes besides its arguments (the rows follow from the options)
@@ -112,11 +112,10 @@ class _WarmupPrograms:
                          "full_value_and_grad")
 
     def full_value_and_grad_many(self, xs):
-        """(log π, ∇ log π) at each row of xs (S, d) in one pass over the data (chunks of
-        ``chunk_size``/S rows: the memory of one pass)."""
-        chunk = max(1024, self.options.chunk_size // xs.shape[0])
-        return self._jit(lambda ys, a, k: jax.vmap(self.mb.full_value_and_grad_fn(self.unravel, a, k, chunk))(ys),
-                         "full_value_and_grad_many", chunk)(xs)
+        """(log π, ∇ log π) at each row of xs (S, d): one pass over the data per row, through
+        :attr:`full_value_and_grad` (the Newton refinement's program: no other to compile)."""
+        pairs = [self.full_value_and_grad(x) for x in np.asarray(xs)]
+        return np.stack([np.asarray(v) for v, _ in pairs]), np.stack([np.asarray(g) for _, g in pairs])
 
     @cached_property
     def hvp_block(self):
@@ -139,37 +138,34 @@ class _WarmupPrograms:
         return -0.5 * (H + H.T)
 
     def diagonal_curvatures(self, ys, key):
-        """−diag H at each row of ys (S, d), float64: exact, in one program, up to
-        ``EXACT_ASCENT_MAX`` coordinates; else :meth:`diagonal_curvature` per row."""
+        """−diag H at each row of ys (S, d), float64: exact up to ``EXACT_ASCENT_MAX``
+        coordinates (the diagonal of :meth:`dense_curvature`: the same compiled program), else
+        :meth:`diagonal_curvature` per row."""
         if ys.shape[1] > EXACT_ASCENT_MAX:
             return np.stack([self.diagonal_curvature(y, key) for y in ys])
-        fn = self._jit(lambda zs, a, k: hessian_diagonals(lambda t: self.log_density(a, k)(t, self.rows), zs),
-                       "hessian_diagonals")
-        return -np.asarray(fn(ys), np.float64)
+        return np.stack([np.diag(self.dense_curvature(jnp.asarray(y))) for y in ys])
 
     def diagonal_curvature(self, y, key, num_probes: int = 16):
         """−diag H(y) by :func:`~numpyro_sg.infer.curvature.hutchinson_diagonal`, float64."""
         probes = random.rademacher(key, (num_probes,) + y.shape, y.dtype)
         return -np.asarray(hutchinson_diagonal(lambda v: self.hvp(y, v), probes), np.float64)
 
-    def adam(self, x, key, steps: int, batches: dict):
-        """``steps`` Adam steps from x on mini-batches of sizes ``batches``
-        (:func:`~numpyro_sg.infer.variational.adam_ascent`)."""
+    def adam_many(self, xs, keys, steps: int, rate: float, batches: dict):
+        """``steps`` Adam steps at initial learning rate ``rate`` from each row of xs, on
+        mini-batches of sizes ``batches`` (:func:`~numpyro_sg.infer.variational.adam_ascent`,
+        vectorised; ``steps`` and ``rate`` are arguments of the program: the multi-start
+        ascents and the main phase share it when their batch sizes agree)."""
         plates = [dataclasses.replace(p, subsample_size=batches[p.size]) for p in self.mb.plates]
         mb_opt = self.mb.with_plates(plates)
-        rate = self.options.learning_rate
-        adam = self._jit(lambda x, key, a, k: adam_ascent(self.log_density(a, k), mb_opt, x, rate,
-                                                    key, steps), "adam", steps, tuple(plates))
-        return adam(x, key)
+        adam = self._jit(lambda xs, keys, n, r, a, k: jax.vmap(lambda x, key: adam_ascent(
+            self.log_density(a, k), mb_opt, x, r, key, n))(xs, keys), "adam_many", tuple(plates))
+        return adam(xs, keys, np.int32(steps), np.asarray(rate, xs.dtype))
 
-    def adam_many(self, xs, keys, steps: int, batches: dict):
-        """:meth:`adam` from each row of xs (one vectorised program; the multi-start phase)."""
-        plates = [dataclasses.replace(p, subsample_size=batches[p.size]) for p in self.mb.plates]
-        mb_opt = self.mb.with_plates(plates)
-        rate = self.options.start_learning_rate
-        adam = self._jit(lambda xs, keys, a, k: jax.vmap(lambda x, key: adam_ascent(
-            self.log_density(a, k), mb_opt, x, rate, key, steps))(xs, keys), "adam_many", steps, tuple(plates))
-        return adam(xs, keys)
+    def prior_draws(self, model, key, n: int):
+        """n flat prior draws of ``model`` in one program (:func:`~numpyro_sg.infer.multistart.
+        flat_prior_draws`; data on an Explicit-axes mesh through its Auto-axes view)."""
+        return jit_with_data(lambda key, a, k: flat_prior_draws(model, a, k, key, n, self.dtype),
+                             *auto_view(*self.data), key=self.key + ("prior_draws", model, n))(key)
 
     def variational(self, x, key, steps: int, batches: dict):
         """Mean-field Gaussian fit from mean x: ``(mean, sds)`` (:func:`variational_adam`)."""
@@ -285,7 +281,7 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
     key_opt, key_hess, key_probe = random.split(random.PRNGKey(options.seed), 3)
     rows = mb.random_rows(options.hessian_rows, key_hess)
     programs = _WarmupPrograms(mb, unravel, model_args, model_kwargs or {}, options, rows,
-                               tree_signature(info.unconstrained_example()))
+                               tree_signature(info.unconstrained_example()), dtype)
     if options.centre == "variational":
         return _variational_fit(programs, info, d, dtype, key_opt, key_probe, start_time)
     dense = d <= options.dense_max
@@ -333,28 +329,38 @@ def _variational_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, 
 def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe, bar):
     """The start and the stochastic optimisation (module docstring, step 1), after the
     multi-start phase (:mod:`~numpyro_sg.infer.multistart`): ``(point, (the starts' end log
-    densities, full-data gradients, end points))``; ``bar`` the progress bar."""
+    densities, full-data gradients, end points))``; ``bar`` the progress bar.
+
+    The main Adam phase continues the ``first_starts`` best end points (the one start when the
+    phase is off) in the program of the starts' ascents, and keeps the best by full-data log
+    density."""
     options, mb = programs.options, programs.mb
     x = usual_start(programs.full_value_and_grad, info, d, dtype, random.fold_in(key_probe, 1),
-               options.symmetry_jitter)
+                    options.symmetry_jitter)
     steps, batches = options.optimizer_plan(d, [(p.size, p.subsample_size) for p in mb.plates])
-    values, grads, ends = (), (), ()
-    num_starts = options.num_starts
-    if num_starts > 1 and options.start_steps > 0 and steps > 0:
-        bar.set_postfix_str(f"{num_starts} starts")
-        model_args, model_kwargs = auto_view(*programs.data)  # eager model traces
-        starts = start_candidates(x, info, model_args, model_kwargs, num_starts,
+    width = max(1, min(options.first_starts, options.num_starts))
+    values, grads, ends, best = (), (), (), np.asarray(x)[None]
+    if options.num_starts > 1 and options.start_steps > 0 and steps > 0:
+        bar.set_postfix_str(f"starts (up to {options.num_starts})")
+        starts = start_candidates(x, info, partial(programs.prior_draws, info.model), options.num_starts, width,
                                   random.fold_in(key_opt, 3))
-        small = {p.size: min(p.subsample_size, options.start_batch_size) for p in mb.plates}
-        x, values, grads, ends = explore_starts(
-            starts, lambda xs, keys, n: programs.adam_many(xs, keys, n, small),
-            programs.full_value_and_grad_many, random.fold_in(key_opt, 4), options.start_steps)
+        small = options.start_batches(d, batches)
+        values, grads, ends = explore_starts(
+            starts, lambda xs, keys: programs.adam_many(xs, keys, options.start_steps,
+                                                        options.start_learning_rate, small),
+            programs.full_value_and_grad_many, random.fold_in(key_opt, 4), width,
+            partial(first_ends_settled, curvature_many=lambda ys: programs.diagonal_curvatures(ys, key_probe),
+                    gap=options.multimodal_gap), options.num_starts)
+        best = best_ends(values, ends, width) if np.any(np.isfinite(values)) else starts[0]
     bar.update(1)
     if steps > 0:
         bar.set_postfix_str("optimizer")
-        x = programs.adam(x, key_opt, steps, batches)
+        best = np.asarray(programs.adam_many(padded_rows(best, width), random.split(key_opt, width), steps,
+                                             options.learning_rate, batches))
+        top = np.asarray(programs.full_value_and_grad_many(best)[0], np.float64) if width > 1 else np.zeros(1)
+        best = best[[int(np.argmax(np.where(np.isfinite(top), top, -np.inf)))]]
     bar.update(1)
-    return x, (values, grads, ends)
+    return jnp.asarray(best[0], dtype), (values, grads, ends)
 
 
 def fit_model_mode(model, model_args=(), model_kwargs=None, options: WarmupOptions | None = None):
@@ -376,8 +382,7 @@ def starting_points(init_params, fit: ModeFit | None, rng_key, batched, unravel,
     """Initial unconstrained params of the chains.
 
     ``init_params`` (the user's, or the init strategy's draws) win; otherwise each chain starts
-    at θ̂ + ``jitter``·L·ξ, ξ ~ N(0, I) drawn from the chain's key (a draw from the Laplace
-    approximation N(θ̂, Σ̂) for ``jitter=1``).
+    at :func:`laplace_draw`, drawn from the chain's key.
     """
     if init_params is not None:
         return init_params
@@ -385,7 +390,6 @@ def starting_points(init_params, fit: ModeFit | None, rng_key, batched, unravel,
         raise ValueError("no starting point: give init_params or init_strategy, or run the warmup.")
 
     def one(key):
-        xi = random.normal(random.fold_in(key, 7), fit.mode.shape, fit.mode.dtype)
-        return unravel(fit.mode + jitter * from_working(fit.preconditioner, xi))
+        return unravel(laplace_draw(fit.mode, fit.preconditioner, key, jitter))
 
     return jax.vmap(one)(rng_key) if batched else one(rng_key)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from numpyro_sg.infer.curvature import local_modes_below
 from numpyro_sg.infer.preconditioner import Preconditioner
 
 __all__ = ["WarmupOptions", "ModeFit"]
@@ -86,14 +87,21 @@ class WarmupOptions:
         for curvature growing away from the mode — BAOAB's default diverged on BPMF with √λ).
     :param int num_starts: starts of the multi-start phase (:mod:`~numpyro_sg.infer.multistart`:
         the usual start, the init strategy's draw, uniform and prior draws), each followed by
-        ``start_steps`` Adam steps on mini-batches; the search goes on from the end point with
+        ``start_steps`` Adam steps on mini-batches; the search goes on from the end points with
         the highest full-data log density.  1 disables the phase (one start, as before).
         Default 32 up to ``dense_max`` coordinates, 8 above (:meth:`resolved`): on a
         three-component Gaussian mixture with components at −10, 0 and 10 each start reaches
         the highest mode's basin with a probability of only a few percent (the others merge
         two components or empty one), and 8 starts missed it where 32 found it.
+    :param int first_starts: the starts tried first (default 4); the others only when these
+        disagree — an end point more than ``multimodal_gap`` nats below the best, or not
+        finite — so that a log-concave posterior (a GLM) pays for a few starts and a
+        multimodal one for all.  The main Adam phase continues this many best end points and
+        keeps the best.  Every ascent runs in one compiled program of this width.
     :param int start_steps: Adam steps per start (default 200).
-    :param int start_batch_size: their mini-batch size (at most the plate's n).
+    :param int start_batch_size: their mini-batch size (at most the plate's n); default: the
+        main phase's up to ``dense_max`` coordinates (then both phases share one compiled
+        program), 256 above.
     :param float start_learning_rate: their initial learning rate (cosine-decayed to 1% of
         it); larger than ``learning_rate`` so that a start can cross the data's scale (Adam
         moves each coordinate by about the learning rate per step).
@@ -138,8 +146,9 @@ class WarmupOptions:
     max_minibatch_stiffness: float | None = 2.0
     noise_points: int = 4
     num_starts: int | None = None
+    first_starts: int = 4
     start_steps: int = 200
-    start_batch_size: int = 256
+    start_batch_size: int | None = None
     start_learning_rate: float = 0.2
     multimodal_gap: float = 20.0
     centre: str = "mode"
@@ -179,6 +188,13 @@ class WarmupOptions:
                 b = max(b, min(-(-self.large_d_epochs * N // steps), 16 * b))
             batches[N] = int(min(b, N))
         return steps, batches
+
+    def start_batches(self, d: int, batches: dict) -> dict:
+        """The multi-start ascents' batch sizes per plate size, given the main phase's
+        ``batches`` (:meth:`optimizer_plan`): ``start_batch_size`` (default: the main phase's up
+        to ``dense_max`` coordinates, 256 above), at most the main phase's."""
+        size = self.start_batch_size if self.start_batch_size is not None else (None if d <= self.dense_max else 256)
+        return {N: b if size is None else min(b, size) for N, b in batches.items()}
 
     @classmethod
     def of(cls, value) -> "WarmupOptions":
@@ -243,12 +259,9 @@ class ModeFit:
         too large, where the likelihood is flat) have a of 80–2,300 and are not counted.
         """
         values = np.asarray(self.start_log_densities, np.float64)
-        ascents = np.asarray(self.start_ascents, np.float64)
-        if len(values) == 0 or len(ascents) != len(values):
+        if len(values) == 0 or len(self.start_ascents) != len(values):
             return np.zeros(len(values), bool)
-        finite = np.isfinite(values) & np.isfinite(ascents)
-        below = np.where(finite, self.log_density - values - np.where(finite, ascents, 0.0), -np.inf)
-        return finite & (ascents <= gap) & (below > gap)
+        return local_modes_below(self.log_density, values, self.start_ascents, gap)
 
     def multimodality(self, gap: float = 20.0) -> str | None:
         """A warning's text when some starts of the multi-start phase ended more than ``gap``

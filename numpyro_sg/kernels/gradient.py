@@ -20,7 +20,6 @@ A kernel supplies only its move in the working frame of the preconditioner (θ =
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from typing import Any, NamedTuple
 
@@ -36,16 +35,17 @@ from numpyro_sg.diagnostics.convergence import ConvergenceWarning
 from numpyro_sg.infer.minibatch import Anchor, jit_with_data, subsample_plates
 from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.infer.sharded_minibatch import is_sharded, make_minibatcher
-from numpyro_sg.infer.sharding import auto_view, check_not_parallel
+from numpyro_sg.infer.sharding import auto_view, check_not_parallel, eager_under_trace
 from numpyro_sg.infer.preconditioner import (
     Preconditioner,
     adapted_preconditioner,
     from_working,
     init_moments,
+    laplace_draw,
     to_working,
     update_moments,
 )
-from numpyro_sg.infer.warmup import ModeFit, WarmupOptions, find_mode, starting_points
+from numpyro_sg.infer.warmup import ModeFit, WarmupOptions, find_mode
 from numpyro_sg.infer.programs import tree_signature
 from numpyro_sg.kernels.base import PerDataCache, SGKernel, all_finite, check_choice, split_init_key
 from numpyro_sg.kernels.guard import freeze, guarded_update, init_guard, rms
@@ -210,23 +210,23 @@ class GradientKernel(SGKernel):
         batched, rng_key, key_init = split_init_key(rng_key)
         info, fit = self._plan(key_init, init_params, model_args, model_kwargs)
         dtype = jnp.result_type(float)
-        dim = ravel_pytree(info.unconstrained_example())[0].shape[0]
+        dim = sum(np.size(v) for v in jax.tree.leaves(info.unconstrained_example()))
         precond, anchor = self._geometry(fit, dim, dtype)
         hyper = self._hyperparameters(dim, precond)
         if init_params is None and (self._init_strategy is not None or fit is None):
             init_params = info.init_values
-        starts = starting_points(init_params, fit, rng_key, batched, self._unravel,
-                                 self.warmup_options.jitter)
+        # no initial values: each chain starts at a draw of the Laplace approximation, in the program
+        laplace, jitter = init_params is None, self.warmup_options.jitter
+        start = (fit.mode, fit.preconditioner) if laplace else init_params
 
-        def init_one(params, key, geometry, model_args, model_kwargs):
-            return self._initial_state(ravel_pytree(params)[0].astype(dtype), key, *geometry,
-                                       model_args, model_kwargs)
+        def init_one(start, key, geometry, model_args, model_kwargs):
+            flat = laplace_draw(*start, key, jitter) if laplace else ravel_pytree(start)[0].astype(dtype)
+            return self._initial_state(flat, key, *geometry, model_args, model_kwargs)
 
         if batched:
-            init_one = jax.vmap(init_one, in_axes=(0, 0, None, None, None))
-        key = self._program_key("init", batched, str(dtype), tree_signature(info.unconstrained_example()))
-        program = jit_with_data(init_one, model_args, model_kwargs, key=key)
-        state = program(starts, rng_key, (hyper, precond, anchor))
+            init_one = jax.vmap(init_one, in_axes=(None if laplace else 0, 0, None, None, None))
+        key = self._program_key("init", batched, str(dtype), tree_signature(info.unconstrained_example()), jitter)
+        state = jit_with_data(init_one, model_args, model_kwargs, key=key)(start, rng_key, (hyper, precond, anchor))
         self._sample_fn = self.sample
         return state
 
@@ -236,7 +236,7 @@ class GradientKernel(SGKernel):
         strategy = self._init_strategy
         check_not_parallel(model_args, model_kwargs, isinstance(key_init, jax.core.Tracer))
         data = auto_view(model_args, model_kwargs)  # eager NumPyro code runs on Explicit meshes too
-        with jax.ensure_compile_time_eval():  # structural work stays eager under pmap too
+        with eager_under_trace(key_init):  # structural work stays eager under pmap too
             trace_kwargs = dict(init_strategy=(strategy or init_to_uniform) if init_params is None else None,
                                 rng_key=key_init)
             info = trace_model(self._model, *data, **trace_kwargs)
@@ -256,8 +256,8 @@ class GradientKernel(SGKernel):
         self._mb = make_minibatcher(self._model, plates, self._replace, model_args, model_kwargs)
         self._deterministic_in_plate = info.deterministic_in(p.name for p in plates)
         _, self._unravel = ravel_pytree(info.unconstrained_example())
-        # (shard_map cannot run under ensure_compile_time_eval; sharded data exclude pmap anyway)
-        with contextlib.nullcontext() if is_sharded(self._mb) else jax.ensure_compile_time_eval():
+        # (sharded data exclude pmap: their shard_map programs never run under compile-time eval)
+        with eager_under_trace(key_init):
             need_mode = self._needs_mode(init_params)
             fit = self._mode_fit(info, model_args, model_kwargs) if need_mode else None
         return info, fit

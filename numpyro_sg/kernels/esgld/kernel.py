@@ -13,7 +13,7 @@ from numpyro.infer.util import constrain_fn
 from numpyro_sg.infer.minibatch import Minibatcher, full_data, jit_with_data, subsample_plates, with_indices
 from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.infer.sharded_minibatch import ShardedMinibatcher
-from numpyro_sg.infer.sharding import auto_view, check_not_parallel, find_data_shards
+from numpyro_sg.infer.sharding import auto_view, check_not_parallel, eager_under_trace, find_data_shards
 from numpyro_sg.kernels.esgld.sharded import shard_setup, sharded_minibatcher
 from numpyro_sg.kernels.base import SGKernel, check_positive, split_init_key
 from numpyro_sg.kernels.esgld.options import (
@@ -281,7 +281,7 @@ class ESGLD(SGKernel):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         self._num_warmup = int(num_warmup)
         check_not_parallel(model_args, model_kwargs, isinstance(rng_key, jax.core.Tracer))
-        with jax.ensure_compile_time_eval():  # structural work stays eager under pmap too
+        with eager_under_trace(rng_key):  # structural work stays eager under pmap too
             setup = self._prepare(model_args, model_kwargs)
             if setup.preconditioner == "laplace" and not anchor_applies(setup.spike_slab):
                 setup = replace(setup, laplace_index=coefficient_index(setup.spike_slab, setup.unravel, setup.dim))

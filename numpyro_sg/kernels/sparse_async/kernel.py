@@ -13,7 +13,8 @@ from numpyro.infer.util import constrain_fn
 
 from numpyro_sg.infer.minibatch import full_data, jit_with_data, with_indices
 from numpyro_sg.infer.model_info import trace_model
-from numpyro_sg.infer.sharding import auto_view, check_not_parallel, find_data_shards, spans_processes
+from numpyro_sg.infer.sharding import (auto_view, check_not_parallel, eager_under_trace, find_data_shards,
+                                       spans_processes)
 from numpyro_sg.kernels.base import PerDataCache, SGKernel, split_init_key
 from numpyro_sg.kernels.sparse_async.options import SparseAsyncOptions, check_options
 from numpyro_sg.kernels.sparse_async.setup import SPIKE_KEY, initial_values, make_plan
@@ -213,7 +214,7 @@ class SparseAsync(SGKernel):
         batched, rng_key, key_init = split_init_key(rng_key)
         num_chains = jnp.shape(rng_key)[0] if batched else None
         # chain_method="parallel" calls init under a trace: the structural work stays eager
-        with jax.ensure_compile_time_eval():
+        with eager_under_trace(key_init):
             self._plan, self._constants, self._mb, self._sharded = self._setup.get(
                 model_args, model_kwargs, lambda: self._make_plan(model_args, model_kwargs))
             params, delta = initial_values(self._plan, self._constants, key_init, init_params,
