@@ -19,12 +19,16 @@ in both versions and are called directly.
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import arviz as az
 import numpy as np
 import xarray as xr
 from numpyro.infer import MCMC
 
 __all__ = [
+    "check_netcdf_writable",
     "ARVIZ_MAJOR", "USES_DATATREE", "from_dict", "from_numpyro", "is_run_data", "group_names",
     "has_group", "get_group", "set_group", "rename_vars", "select_chains", "to_netcdf",
     "from_netcdf", "plot_densities", "ess",
@@ -129,6 +133,25 @@ def select_chains(data, chains):
     if isinstance(data, xr.DataTree):
         return data.isel(chain=chains, missing_dims="ignore")
     return data.isel(chain=chains)
+
+
+def check_netcdf_writable(directory) -> None:
+    """Raise, naming the fix, unless runs can be written as netCDF files in ``directory``
+    (created if missing): a netCDF backend (``h5netcdf`` with ``h5py``, or ``netCDF4``) is
+    importable and the directory takes a file.  Called before a long computation whose result
+    is to be stored there, not after it."""
+    import importlib.util
+
+    if importlib.util.find_spec("netCDF4") is None and (importlib.util.find_spec("h5netcdf") is None
+                                                        or importlib.util.find_spec("h5py") is None):
+        raise ImportError("writing netCDF files needs a backend: pip install h5netcdf h5py (or netCDF4).")
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory):
+            pass
+    except OSError as error:
+        raise OSError(f"cannot write to the cache directory {str(directory)!r}: {error}") from error
 
 
 def to_netcdf(data, path) -> None:

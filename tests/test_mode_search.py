@@ -217,12 +217,11 @@ def test_centre_option_is_checked():
 def test_starts_stopped_on_a_slope_are_not_called_local_modes():
     """A linear mixed model: prior draws of β ~ N(0, 10²) start far out, where a variance is far
     too large and the likelihood flat, and some starts stop there, 300–3,000 nats below the mode
-    but still climbing (predicted further ascent 80–2,300 nats); no multimodality warning.
-    Every start at once (``first_starts=num_starts``): the default first few agree and stop."""
+    but still climbing (predicted further ascent 80–2,300 nats); no multimodality warning."""
     from numpyro_sg.datasets.mixed import linear_mixed_model, simulate_linear_mixed
 
     X, Y, M = simulate_linear_mixed(G=200)
-    kernel = nsg.SGLD(linear_mixed_model, warmup_options={"first_starts": 32})
+    kernel = nsg.SGLD(linear_mixed_model)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         MCMC(kernel, num_warmup=10, num_samples=10, progress_bar=False).run(jax.random.PRNGKey(0), X, Y, M, 20)

@@ -201,3 +201,35 @@ def test_diagnostics_example_runs(tmp_path, capsys):
     assert out.stat().st_size > 10_000
     printed = capsys.readouterr().out
     assert "too large" in printed and "ξ(σ̂)" in printed and "mean_err" in printed
+
+
+def _never_called(*args, **kwargs):
+    raise AssertionError("NUTS ran although its result could not be stored")
+
+
+def test_unwritable_cache_directory_fails_before_nuts_runs(tmp_path, monkeypatch):
+    """A cache directory that cannot take a file (here: below a regular file) is reported before
+    NUTS runs, not after its draws are lost."""
+    import numpyro_sg.results.reference as reference
+
+    monkeypatch.setattr(reference, "_run_nuts", _never_called)
+    (tmp_path / "a_file").write_text("")
+    X, y = np.zeros((10, 2), np.float32), np.zeros(10, np.float32)
+    with pytest.raises(OSError, match="cannot write to the cache directory"):
+        nsg.nuts_reference(lambda X, y: None, X, y, cache_dir=tmp_path / "a_file" / "cache")
+
+
+def test_missing_netcdf_backend_fails_before_nuts_runs(tmp_path, monkeypatch):
+    """Without a netCDF backend (ArviZ 1.x brings none) the cache is refused up front, naming the
+    packages to install."""
+    import importlib.util
+
+    import numpyro_sg.results.reference as reference
+
+    monkeypatch.setattr(reference, "_run_nuts", _never_called)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("netCDF4", "h5netcdf", "h5py") else find_spec(name, *a))
+    X, y = np.zeros((10, 2), np.float32), np.zeros(10, np.float32)
+    with pytest.raises(ImportError, match="pip install h5netcdf h5py"):
+        nsg.nuts_reference(lambda X, y: None, X, y, cache_dir=tmp_path / "cache")

@@ -27,6 +27,7 @@ __all__ = [
     "columns_within_memory",
     "hessian_from_products",
     "local_modes_below",
+    "hessian_diagonals",
     "positive_curvature",
     "laplace_preconditioner",
     "dense_or_fallback",
@@ -84,6 +85,18 @@ def columns_within_memory(bytes_per_column: int, d: int, budget: int | None = No
     takes ``bytes_per_column`` bytes of temporaries (``budget``: default ``HESSIAN_MEMORY``)."""
     budget = HESSIAN_MEMORY if budget is None else budget
     return int(np.clip(budget // max(int(bytes_per_column), 1), 1, d))
+
+
+def hessian_diagonals(log_density, xs, max_products: int = 64):
+    """diag H(x) at each row x of ``xs`` (S, d), exact: d Hessian-vector products e_jᵀ·H·e_j per
+    point, at most ``max_products`` at once (``lax.map`` over blocks of points); call in ``jit``."""
+    d = xs.shape[1]
+    eye = jnp.eye(d, dtype=xs.dtype)
+
+    def one(x):
+        return jnp.sum(eye * jax.vmap(lambda v: jax.jvp(jax.grad(log_density), (x,), (v,))[1])(eye), axis=1)
+
+    return jax.lax.map(one, xs, batch_size=max(1, max_products // d))
 
 
 def hessian_from_products(products, d: int, block: int, dtype) -> np.ndarray:

@@ -49,6 +49,7 @@ from tqdm.auto import tqdm
 from numpyro_sg.infer.curvature import (
     columns_within_memory,
     dense_or_fallback,
+    hessian_diagonals,
     hessian_from_products,
     hutchinson_diagonal,
     laplace_preconditioner,
@@ -112,10 +113,11 @@ class _WarmupPrograms:
                          "full_value_and_grad")
 
     def full_value_and_grad_many(self, xs):
-        """(log π, ∇ log π) at each row of xs (S, d): one pass over the data per row, through
-        :attr:`full_value_and_grad` (the Newton refinement's program: no other to compile)."""
-        pairs = [self.full_value_and_grad(x) for x in np.asarray(xs)]
-        return np.stack([np.asarray(v) for v, _ in pairs]), np.stack([np.asarray(g) for _, g in pairs])
+        """(log π, ∇ log π) at each row of xs (S, d) in one pass over the data (chunks of
+        ``chunk_size``/S rows: the memory of one pass)."""
+        chunk = max(1024, self.options.chunk_size // xs.shape[0])
+        return self._jit(lambda ys, a, k: jax.vmap(self.mb.full_value_and_grad_fn(self.unravel, a, k, chunk))(ys),
+                         "full_value_and_grad_many", chunk)(xs)
 
     @cached_property
     def hvp_block(self):
@@ -138,12 +140,13 @@ class _WarmupPrograms:
         return -0.5 * (H + H.T)
 
     def diagonal_curvatures(self, ys, key):
-        """−diag H at each row of ys (S, d), float64: exact up to ``EXACT_ASCENT_MAX``
-        coordinates (the diagonal of :meth:`dense_curvature`: the same compiled program), else
-        :meth:`diagonal_curvature` per row."""
+        """−diag H at each row of ys (S, d), float64: exact, in one program, up to
+        ``EXACT_ASCENT_MAX`` coordinates; else :meth:`diagonal_curvature` per row."""
         if ys.shape[1] > EXACT_ASCENT_MAX:
             return np.stack([self.diagonal_curvature(y, key) for y in ys])
-        return np.stack([np.diag(self.dense_curvature(jnp.asarray(y))) for y in ys])
+        fn = self._jit(lambda zs, a, k: hessian_diagonals(lambda t: self.log_density(a, k)(t, self.rows), zs),
+                       "hessian_diagonals")
+        return -np.asarray(fn(ys), np.float64)
 
     def diagonal_curvature(self, y, key, num_probes: int = 16):
         """−diag H(y) by :func:`~numpyro_sg.infer.curvature.hutchinson_diagonal`, float64."""
@@ -331,9 +334,9 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
     multi-start phase (:mod:`~numpyro_sg.infer.multistart`): ``(point, (the starts' end log
     densities, full-data gradients, end points))``; ``bar`` the progress bar.
 
-    The main Adam phase continues the ``first_starts`` best end points (the one start when the
-    phase is off) in the program of the starts' ascents, and keeps the best by full-data log
-    density."""
+    The main Adam phase continues the ``first_starts`` best end points in the program of the
+    starts' ascents when both phases have the same batch sizes (else the best one), and keeps
+    the best by full-data log density."""
     options, mb = programs.options, programs.mb
     x = usual_start(programs.full_value_and_grad, info, d, dtype, random.fold_in(key_probe, 1),
                     options.symmetry_jitter)
@@ -352,10 +355,11 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
             partial(first_ends_settled, curvature_many=lambda ys: programs.diagonal_curvatures(ys, key_probe),
                     gap=options.multimodal_gap), options.num_starts)
         best = best_ends(values, ends, width) if np.any(np.isfinite(values)) else starts[0]
+        width = width if small == batches else 1  # one program for both phases, else the best alone
     bar.update(1)
     if steps > 0:
         bar.set_postfix_str("optimizer")
-        best = np.asarray(programs.adam_many(padded_rows(best, width), random.split(key_opt, width), steps,
+        best = np.asarray(programs.adam_many(padded_rows(best[:width], width), random.split(key_opt, width), steps,
                                              options.learning_rate, batches))
         top = np.asarray(programs.full_value_and_grad_many(best)[0], np.float64) if width > 1 else np.zeros(1)
         best = best[[int(np.argmax(np.where(np.isfinite(top), top, -np.inf)))]]

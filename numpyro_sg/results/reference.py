@@ -37,6 +37,7 @@ from numpyro_sg.arviz_compat import (
     is_run_data,
     plot_densities,
     rename_vars,
+    check_netcdf_writable,
     to_netcdf,
 )
 from numpyro_sg.results.inference_data import score_and_attach_ksd, to_inference_data
@@ -136,6 +137,7 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
             idata = from_netcdf(path)
             idata.posterior.attrs["cache_file"] = str(path)
             return idata
+        check_netcdf_writable(path.parent)  # before NUTS runs, not after
     idata = _run_nuts(model, model_args, model_kwargs, rng_key, ksd_draws, decentre_locals, nuts_kwargs,
                       dict(num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
                            chain_method=chain_method, progress_bar=progress_bar))
