@@ -93,13 +93,13 @@ def usual_start(full_vg, info: ModelInfo, unravel_dim, dtype, key=None, scale=0.
     return _first_chain(info, dtype)[0]
 
 
-def start_candidates(start, info: ModelInfo, prior_draws, num_starts: int, first: int, key):
+def start_candidates(start, info: ModelInfo, prior_draws, num_starts: int, width: int, key):
     """The ``num_starts`` starts of :func:`explore_starts` (module docstring): ``(the first
-    ``first`` starts (k, d), a function giving the others (S − k, d))``.  The first are
+    round's ``width`` starts (k, d), a function giving the others (S − k, d))``.  The first are
     ``start``, the init strategy's chain-0 draw and ``init_to_uniform`` draws (U(−2, 2) per
     unconstrained coordinate: no model trace); the others, drawn only when asked for (a
-    multimodal posterior), prior and uniform draws in turn (all in the first when ``first`` ≥
-    ``num_starts``).  ``prior_draws(key, n)``: n flat
+    multimodal posterior, or every round), prior and uniform draws in turn (all in the first
+    round when ``width`` ≥ ``num_starts``).  ``prior_draws(key, n)``: n flat
     draws (n, d) of :func:`prior_or_uniform` in one compiled program; a
     ``NotImplementedError`` (a distribution without a sampler) gives uniform draws instead."""
     rng = np.random.default_rng(np.asarray(random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
@@ -110,7 +110,7 @@ def start_candidates(start, info: ModelInfo, prior_draws, num_starts: int, first
     if chain0 is not None and num_starts > 1:
         parts.append(chain0)
     parts = np.concatenate(parts)[:max(num_starts, 1)]
-    k = max(1, min(first, num_starts))
+    k = max(1, min(width, num_starts))
 
     def drawn(rest):
         if rest <= 0:
@@ -139,19 +139,18 @@ def padded_rows(rows, size: int):
     return np.concatenate([rows, np.repeat(rows[-1:], size - len(rows), axis=0)]) if len(rows) < size else rows
 
 
-def explore_starts(starts, ascend, values_at, key, first: int, settled, num_starts: int):
-    """Adam ascents from the starts, ``first`` at a time, and the full-data log density at their
-    ends; after the first ``first`` starts, more only when ``settled`` says their ends do not
-    agree (:func:`first_ends_settled`): a log-concave posterior is then settled by a few
-    starts, a multimodal one gets them all.
+def explore_starts(starts, ascend, values_at, key, width: int, settled=None):
+    """Adam ascents from the starts, ``width`` at a time (rounds), and the full-data log density
+    at their ends.  With ``settled``, the rounds after the first run only when it says the first
+    round's ends do not agree (:func:`first_ends_settled`).
 
-    :param starts: ``(first starts, function giving the others)`` (:func:`start_candidates`).
+    :param starts: ``(first round's starts, function giving the others)`` (:func:`start_candidates`).
     :param ascend: ``(xs, keys) -> xs``, Adam on mini-batches from each row of xs (k, d) with
-        k = ``first``: every call has one shape, and compiles once.
+        k = ``width``: every call has one shape, and compiles once.
     :param values_at: ``xs -> (log π, ∇ log π)`` at each row of xs (k, d), over all the data.
     :param key: key of the mini-batches.
-    :param settled: ``(values, grads, ends) -> bool`` of the first ends.
-    :param num_starts: how many starts in all.
+    :param settled: ``(values, grads, ends) -> bool`` of the first round's ends, or ``None``
+        (every round runs).
     :return: ``(log densities of the S' ≤ S end points (non-finite: -inf), their full-data
         gradients (S', d), the end points (S', d))``.
     """
@@ -161,15 +160,15 @@ def explore_starts(starts, ascend, values_at, key, first: int, settled, num_star
     while batches:
         chunk = batches.pop(0)
         lo = sum(len(e) for e in ends)
-        x = np.asarray(ascend(padded_rows(chunk, first), random.split(random.fold_in(key, lo), first)))[:len(chunk)]
-        v, g = (np.asarray(a, np.float64)[:len(chunk)] for a in values_at(padded_rows(x, first)))
+        x = np.asarray(ascend(padded_rows(chunk, width), random.split(random.fold_in(key, lo), width)))[:len(chunk)]
+        v, g = (np.asarray(a, np.float64)[:len(chunk)] for a in values_at(padded_rows(x, width)))
         ok = np.isfinite(v) & np.all(np.isfinite(g), axis=1)
         values.append(np.where(ok, v, -np.inf))
         grads.append(np.where(ok[:, None], g, np.inf))
         ends.append(x)
-        if lo == 0 and len(firsts) < num_starts and not settled(values[0], grads[0], ends[0]):
+        if lo == 0 and not (settled is not None and settled(values[0], grads[0], ends[0])):
             rest = others()
-            batches = [rest[i:i + first] for i in range(0, len(rest), first)]
+            batches = [rest[i:i + width] for i in range(0, len(rest), width)]
     return np.concatenate(values), np.concatenate(grads), np.concatenate(ends)
 
 

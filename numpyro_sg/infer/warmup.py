@@ -334,26 +334,26 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
     multi-start phase (:mod:`~numpyro_sg.infer.multistart`): ``(point, (the starts' end log
     densities, full-data gradients, end points))``; ``bar`` the progress bar.
 
-    The main Adam phase continues the ``first_starts`` best end points in the program of the
+    The main Adam phase continues the ``starts_per_round`` best end points in the program of the
     starts' ascents when both phases have the same batch sizes (else the best one), and keeps
     the best by full-data log density."""
     options, mb = programs.options, programs.mb
     x = usual_start(programs.full_value_and_grad, info, d, dtype, random.fold_in(key_probe, 1),
                     options.symmetry_jitter)
     steps, batches = options.optimizer_plan(d, [(p.size, p.subsample_size) for p in mb.plates])
-    width = max(1, min(options.first_starts, options.num_starts))
+    width = max(1, min(options.starts_per_round, options.num_starts))
     values, grads, ends, best = (), (), (), np.asarray(x)[None]
     if options.num_starts > 1 and options.start_steps > 0 and steps > 0:
-        bar.set_postfix_str(f"starts (up to {options.num_starts})")
+        bar.set_postfix_str(f"{options.num_starts} starts")
         starts = start_candidates(x, info, partial(programs.prior_draws, info.model), options.num_starts, width,
                                   random.fold_in(key_opt, 3))
         small = options.start_batches(d, batches)
+        settled = partial(first_ends_settled, curvature_many=lambda ys: programs.diagonal_curvatures(ys, key_probe),
+                          gap=options.multimodal_gap) if options.settle_early else None
         values, grads, ends = explore_starts(
             starts, lambda xs, keys: programs.adam_many(xs, keys, options.start_steps,
                                                         options.start_learning_rate, small),
-            programs.full_value_and_grad_many, random.fold_in(key_opt, 4), width,
-            partial(first_ends_settled, curvature_many=lambda ys: programs.diagonal_curvatures(ys, key_probe),
-                    gap=options.multimodal_gap), options.num_starts)
+            programs.full_value_and_grad_many, random.fold_in(key_opt, 4), width, settled)
         best = best_ends(values, ends, width) if np.any(np.isfinite(values)) else starts[0]
         width = width if small == batches else 1  # one program for both phases, else the best alone
     bar.update(1)

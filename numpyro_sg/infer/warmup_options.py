@@ -93,15 +93,15 @@ class WarmupOptions:
         three-component Gaussian mixture with components at −10, 0 and 10 each start reaches
         the highest mode's basin with a probability of only a few percent (the others merge
         two components or empty one), and 8 starts missed it where 32 found it.
-    :param int first_starts: how many starts run at a time, in one compiled program; default
-        (``None``): all ``num_starts`` at once.  With fewer, the first ``first_starts`` starts
-        (the usual start, the init strategy's draw, uniform draws) run first and the others only
-        when these disagree — an end point in a local mode more than ``multimodal_gap`` nats
-        below the best, or not finite — which settles a log-concave posterior (a GLM) with a
-        few starts; but a mixture whose first starts all climb towards the same wrong mode
-        is settled too (measured: components at 2, 6 and 10 ended merged with 4 first starts),
-        so use it only on posteriors known to have one mode.  The main Adam phase continues
-        this many best end points and keeps the best.
+    :param int starts_per_round: starts run at a time, by one compiled program of this width
+        (default 4); the main Adam phase continues this many best end points in the same
+        program and keeps the best.
+    :param bool settle_early: stop after the first round when its ends agree — none in a
+        local mode more than ``multimodal_gap`` nats below the best, none non-finite — which
+        settles a log-concave posterior (a GLM) with ``starts_per_round`` starts.  Off by
+        default: on a three-component mixture (components at 2, 6 and 10) the first four
+        starts all climbed towards the same merged mode and the search stopped there; use it
+        only on posteriors known to have one mode.
     :param int start_steps: Adam steps per start (default 200).
     :param int start_batch_size: their mini-batch size (at most the plate's n); default: the
         main phase's up to ``dense_max`` coordinates (then both phases share one compiled
@@ -150,7 +150,8 @@ class WarmupOptions:
     max_minibatch_stiffness: float | None = 2.0
     noise_points: int = 4
     num_starts: int | None = None
-    first_starts: int | None = None
+    starts_per_round: int = 4
+    settle_early: bool = False
     start_steps: int = 200
     start_batch_size: int | None = None
     start_learning_rate: float = 0.2
@@ -177,8 +178,7 @@ class WarmupOptions:
         small = d <= self.dense_max
         num_starts = self.num_starts if self.num_starts is not None else (32 if small else 8)
         return dataclasses.replace(
-            self, first_starts=self.first_starts if self.first_starts is not None else num_starts,
-            num_starts=num_starts,
+            self, num_starts=num_starts,
             newton_steps=self.newton_steps if self.newton_steps is not None else (30 if small else 8))
 
     def optimizer_plan(self, d: int, sizes) -> tuple:
