@@ -49,7 +49,6 @@ from tqdm.auto import tqdm
 from numpyro_sg.infer.curvature import (
     columns_within_memory,
     dense_or_fallback,
-    hessian_diagonals,
     hessian_from_products,
     hutchinson_diagonal,
     laplace_preconditioner,
@@ -140,13 +139,13 @@ class _WarmupPrograms:
         return -0.5 * (H + H.T)
 
     def diagonal_curvatures(self, ys, key):
-        """−diag H at each row of ys (S, d), float64: exact, in one program, up to
-        ``EXACT_ASCENT_MAX`` coordinates; else :meth:`diagonal_curvature` per row."""
+        """−diag H at each row of ys (S, d), float64: exact up to ``EXACT_ASCENT_MAX``
+        coordinates (the diagonal of :meth:`dense_curvature`, the Newton refinement's compiled
+        program: a model whose density is costly to compile — local latents — compiles no
+        other), else :meth:`diagonal_curvature` per row."""
         if ys.shape[1] > EXACT_ASCENT_MAX:
             return np.stack([self.diagonal_curvature(y, key) for y in ys])
-        fn = self._jit(lambda zs, a, k: hessian_diagonals(lambda t: self.log_density(a, k)(t, self.rows), zs),
-                       "hessian_diagonals")
-        return -np.asarray(fn(ys), np.float64)
+        return np.stack([np.diag(self.dense_curvature(jnp.asarray(y))) for y in np.asarray(ys)])
 
     def diagonal_curvature(self, y, key, num_probes: int = 16):
         """−diag H(y) by :func:`~numpyro_sg.infer.curvature.hutchinson_diagonal`, float64."""
