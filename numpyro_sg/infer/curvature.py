@@ -108,16 +108,27 @@ def hessian_from_products(products, d: int, block: int, dtype) -> np.ndarray:
 
 
 def predicted_ascent(grad, neg_h) -> float:
-    """½·Σ_j g_j²/|h_jj|: how far log π would climb from a point with gradient g by a Newton step
-    per coordinate, with the curvature's magnitudes |h_jj| of −H (d, d) or of its diagonal (d,)
-    (the Newton decrement with the diagonal of |−H|; magnitudes, so that a point where −H is not
-    positive definite — a slope, a saddle — has an answer too); ``inf`` where some |h_jj| is 0
-    or the result is not finite.  Small at a local maximum; large on a slope that is still
-    climbing (a large gradient for its curvature)."""
-    g, h = np.asarray(grad, np.float64), np.abs(np.asarray(neg_h, np.float64))
-    h = np.diag(h) if h.ndim == 2 else h
-    with np.errstate(divide="ignore", invalid="ignore"):
-        value = 0.5 * float(np.sum(g**2 / h))
+    """How far log π would climb from a point with gradient g by a Newton step.
+
+    With the full curvature −H (d, d): the Newton decrement ½·gᵀ(−H)⁻¹g where −H is positive
+    definite, ``inf`` where it is not (a saddle, a ridge, a slope still climbing: no local
+    maximum there).  With its diagonal (d,) only (large models): ½·Σ g_j²/|h_jj| (magnitudes,
+    so that any point has an answer).  ``inf`` where the result is not finite.  Small at a
+    local maximum; large on a slope that is still climbing.
+
+    >>> predicted_ascent([1.0, 0.0], [[2.0, 0.0], [0.0, 1.0]]), predicted_ascent([1.0, 0.0], [[1.0, 0.0], [0.0, -1.0]])
+    (0.25, inf)
+    """
+    g, h = np.asarray(grad, np.float64), np.asarray(neg_h, np.float64)
+    if h.ndim == 2:
+        try:
+            chol = np.linalg.cholesky(0.5 * (h + h.T))
+        except np.linalg.LinAlgError:
+            return np.inf
+        value = 0.5 * float(np.sum(np.linalg.solve(chol, g) ** 2))
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            value = 0.5 * float(np.sum(g**2 / np.abs(h)))
     return value if np.isfinite(value) else np.inf
 
 

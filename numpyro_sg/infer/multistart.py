@@ -190,17 +190,17 @@ def best_ends(values, ends, k: int):
     return padded_rows(np.asarray(ends)[order], k)
 
 
-#: up to this many coordinates :func:`start_ascents` uses the exact Hessian's diagonal (d
-#: Hessian-vector products per end point); above, Hutchinson's estimate (16 products)
+#: up to this many coordinates :func:`start_ascents` uses the full Hessian (d Hessian-vector
+#: products per end point, the Newton decrement); above, Hutchinson's diagonal (16 products)
 EXACT_ASCENT_MAX = 64
 
 
 def start_ascents(values, grads, ends, curvature_many, best_value: float, gap: float) -> tuple:
     """How much further each start's end point would climb,
-    :func:`~numpyro_sg.infer.curvature.predicted_ascent` (½·Σ g_j²/|h_jj|) there.  Computed only
-    for the ends more than ``gap`` nats below ``best_value`` (the candidates for another mode;
-    0 for the others, ``inf`` for non-finite ones); ``curvature_many(xs)`` gives −diag H (S', d)
-    at the rows of xs (S', d), all those ends at once."""
+    :func:`~numpyro_sg.infer.curvature.predicted_ascent` (the Newton decrement) there.
+    Computed only for the ends more than ``gap`` nats below ``best_value`` (the candidates for
+    another mode; 0 for the others, ``inf`` for non-finite ones); ``curvature_many(xs)`` gives
+    −H (S', d, d), or its diagonal (S', d), at the rows of xs (S', d)."""
     far = [bool(np.isfinite(value) and best_value - value > gap) for value in values]
     picked = [x for x, f in zip(ends, far) if f]
     curvatures = iter(curvature_many(np.stack(picked)) if picked else ())

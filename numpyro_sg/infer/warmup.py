@@ -138,14 +138,14 @@ class _WarmupPrograms:
         H = hessian_from_products(lambda V: self.hvp_block(y, V), d, self.hessian_block, y.dtype)
         return -0.5 * (H + H.T)
 
-    def diagonal_curvatures(self, ys, key):
-        """−diag H at each row of ys (S, d), float64: exact up to ``EXACT_ASCENT_MAX``
-        coordinates (the diagonal of :meth:`dense_curvature`, the Newton refinement's compiled
-        program: a model whose density is costly to compile — local latents — compiles no
-        other), else :meth:`diagonal_curvature` per row."""
+    def curvatures(self, ys, key):
+        """−H at each row of ys, float64: (S, d, d) up to ``EXACT_ASCENT_MAX`` coordinates
+        (:meth:`dense_curvature`, the Newton refinement's compiled program: a model whose
+        density is costly to compile — local latents — compiles no other), else the diagonals
+        (S, d) by :meth:`diagonal_curvature`."""
         if ys.shape[1] > EXACT_ASCENT_MAX:
             return np.stack([self.diagonal_curvature(y, key) for y in ys])
-        return np.stack([np.diag(self.dense_curvature(jnp.asarray(y))) for y in np.asarray(ys)])
+        return np.stack([self.dense_curvature(jnp.asarray(y)) for y in np.asarray(ys)])
 
     def diagonal_curvature(self, y, key, num_probes: int = 16):
         """−diag H(y) by :func:`~numpyro_sg.infer.curvature.hutchinson_diagonal`, float64."""
@@ -298,7 +298,7 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
             return raw_curvature(y)
         newton = _newton(programs.full_value_and_grad, x, curvature, options, dense, dtype)
         (x, (value, grad)) = newton.point, newton.state
-        ascents = start_ascents(*starts, lambda ys: programs.diagonal_curvatures(ys, key_probe), float(value),
+        ascents = start_ascents(*starts, lambda ys: programs.curvatures(ys, key_probe), float(value),
                                 options.multimodal_gap)
         bar.set_postfix_str("preconditioner")
         precond, stiffness, noise_heat = _mode_preconditioner(programs, x, grad, curvature, dense,
@@ -347,7 +347,7 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         starts = start_candidates(x, info, partial(programs.prior_draws, info.model), options.num_starts, width,
                                   random.fold_in(key_opt, 3))
         small = options.start_batches(d, batches)
-        settled = partial(first_ends_settled, curvature_many=lambda ys: programs.diagonal_curvatures(ys, key_probe),
+        settled = partial(first_ends_settled, curvature_many=lambda ys: programs.curvatures(ys, key_probe),
                           gap=options.multimodal_gap) if options.settle_early else None
         values, grads, ends = explore_starts(
             starts, lambda xs, keys: programs.adam_many(xs, keys, options.start_steps,

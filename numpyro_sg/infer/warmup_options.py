@@ -258,10 +258,13 @@ class ModeFit:
 
         An end point x, Δ = log π(θ̂) − log π(x) below it, counts when its predicted further
         ascent a (:attr:`start_ascents`) is small, a ≤ ``gap`` (x has about stopped climbing),
-        and Δ − a > ``gap`` (where it stops is still well below θ̂).  Measured: the starts that
-        ended in another mode of a Gaussian mixture (a component emptied or two merged) have a
-        of 0.3–20; those of a linear mixed model stopped far out on a slope (a variance far
-        too large, where the likelihood is flat) have a of 80–2,300 and are not counted.
+        and Δ − a > ``gap`` (where it stops is still well below θ̂).  Up to 64 coordinates a is
+        the Newton decrement with the full curvature, ``inf`` where −H is not positive definite
+        (no local maximum there).  Measured: the starts that ended in another mode of a Gaussian
+        mixture (a component emptied or two merged) have a of 0.4–40; those of a linear mixed
+        model stopped far out on a slope (a variance far too large, where the likelihood is
+        flat), and those of a random intercept-and-slope model stopped on the ridge where a
+        group sd trades off with the intercept (a diagonal estimate of 5–20), are not counted.
         """
         values = np.asarray(self.start_log_densities, np.float64)
         if len(values) == 0 or len(self.start_ascents) != len(values):
