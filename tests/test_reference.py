@@ -233,3 +233,36 @@ def test_missing_netcdf_backend_fails_before_nuts_runs(tmp_path, monkeypatch):
     X, y = np.zeros((10, 2), np.float32), np.zeros(10, np.float32)
     with pytest.raises(ImportError, match="pip install h5netcdf h5py"):
         nsg.nuts_reference(lambda X, y: None, X, y, cache_dir=tmp_path / "cache")
+
+
+def _with_constant_entries(rng, scale=1.0):
+    """Draws (2 chains × 500) of a 2×2 Cholesky factor whose first row is fixed (1, 0), as
+    ``LKJCholesky`` gives."""
+    L = np.zeros((2, 500, 2, 2))
+    L[..., 0, 0] = 1.0
+    L[..., 1, 0] = scale * rng.normal(size=(2, 500)) * 0.1
+    L[..., 1, 1] = np.sqrt(1 - L[..., 1, 0] ** 2)
+    return {"L": L}
+
+
+def test_constant_coordinates_are_left_out_of_the_comparison_without_warnings():
+    """An LKJ factor's fixed entries have sd 0 in both runs: no row, no RuntimeWarning."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    run, ref = from_dict(posterior=_with_constant_entries(rng)), from_dict(posterior=_with_constant_entries(rng))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        table = nsg.compare_to_reference(run, ref, ksd=False)
+    assert list(table.index) == ["L[1, 0]", "L[1, 1]"]
+    assert np.all(np.isfinite(table[["mean_err", "sd_rel_err"]].to_numpy()))
+
+
+def test_posterior_summary_of_constant_coordinates_gives_no_runtime_warning():
+    import warnings
+
+    run = from_dict(posterior=_with_constant_entries(np.random.default_rng(1)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        table = nsg.posterior_summary(run)
+    assert len(table) == 4 and np.isfinite(table.loc["L[1, 0]", "r_hat"])

@@ -28,18 +28,8 @@ import numpyro
 import pandas as pd
 from numpyro.infer import MCMC, NUTS
 
-from numpyro_sg.arviz_compat import (
-    ess,
-    from_dict,
-    from_netcdf,
-    get_group,
-    has_group,
-    is_run_data,
-    plot_densities,
-    rename_vars,
-    check_netcdf_writable,
-    to_netcdf,
-)
+from numpyro_sg.arviz_compat import (check_netcdf_writable, ess, from_dict, from_netcdf, get_group, has_group,
+                                      is_run_data, plot_densities, rename_vars, to_netcdf)
 from numpyro_sg.results.inference_data import score_and_attach_ksd, to_inference_data
 from numpyro_sg.diagnostics.model_scores import (
     STEIN_GROUP,
@@ -311,11 +301,14 @@ def _shared_variables(run, ref, var_names) -> list:
 
 
 def _comparison_table(x: dict, r: dict, t_run: float, t_ref: float) -> pd.DataFrame:
-    """One row per coordinate: means, sds, their errors and ESS per second."""
+    """One row per coordinate: means, sds, their errors and ESS per second; coordinates constant
+    in both runs (an ``LKJCholesky`` factor's fixed entries) are left out."""
     rows = {}
     for name in x:
         mean, sd = x[name].mean(), x[name].std(ddof=1)
         ref_mean, ref_sd = r[name].mean(), r[name].std(ddof=1)
+        if sd == 0 and ref_sd == 0:
+            continue
         rows[name] = {
             "mean": mean,
             "sd": sd,

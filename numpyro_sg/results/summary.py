@@ -3,6 +3,8 @@ KSD column and the inclusion probabilities of indicator sites."""
 
 from __future__ import annotations
 
+import warnings
+
 import arviz as az
 import numpy as np
 import pandas as pd
@@ -61,7 +63,10 @@ def posterior_summary(idata, *, preconditioner="stored", model=None, model_args=
             preconditioner="sd" if stored else preconditioner,
         )
     idata, _ = without_diverged(idata, "the summary")
-    table = az.summary(idata, **kwargs)
+    with warnings.catch_warnings():
+        if _has_constant_coordinates(idata):  # (an LKJ factor's fixed entries): NaN r_hat, no warning
+            warnings.filterwarnings("ignore", "invalid value encountered", RuntimeWarning)
+        table = az.summary(idata, **kwargs)
     if has_group(idata, STEIN_GROUP) or model is not None:
         per_coord = _per_coordinate_ksd(idata, preconditioner, stored, model, model_args, model_kwargs)
         table["ksd"] = per_coord.reindex(table.index)
@@ -69,6 +74,12 @@ def posterior_summary(idata, *, preconditioner="stored", model=None, model_args=
     if probs is not None:
         table["inclusion_prob"] = pd.Series(probs).reindex(table.index)
     return table
+
+
+def _has_constant_coordinates(idata) -> bool:
+    """Whether some coordinate of a floating-point posterior variable never changes."""
+    return any(np.issubdtype(v.dtype, np.floating) and bool(np.any(np.ptp(v.values, axis=(0, 1)) == 0))
+               for v in idata.posterior.data_vars.values() if v.ndim >= 2)
 
 
 def _per_coordinate_ksd(idata, preconditioner, stored, model, model_args, model_kwargs) -> pd.Series:
