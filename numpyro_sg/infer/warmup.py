@@ -44,7 +44,6 @@ import numpy as np
 from jax import random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer import init_to_uniform
-from tqdm.auto import tqdm
 
 from numpyro_sg.infer.curvature import (
     columns_within_memory,
@@ -66,6 +65,7 @@ from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, best_ends, break_symm
 from numpyro_sg.infer.plates import subsample_plates
 from numpyro_sg.infer.programs import placement_key, tree_signature
 from numpyro_sg.infer.preconditioner import Preconditioner, laplace_draw
+from numpyro_sg.infer.progress import warmup_progress
 from numpyro_sg.infer.sharding import auto_view
 from numpyro_sg.infer.variational import adam_ascent, variational_adam
 from numpyro_sg.infer.warmup_options import ModeFit, WarmupOptions
@@ -287,8 +287,9 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
     if options.centre == "variational":
         return _variational_fit(programs, info, d, dtype, key_opt, key_probe, start_time)
     dense = d <= options.dense_max
-    with tqdm(total=3 + options.newton_steps, desc="warmup: mode search", leave=False,
-              disable=not options.show_progress()) as bar:
+    with warmup_progress(options) as bar:
+        bar.reset(total=3 + options.newton_steps)
+        bar.set_description("warmup: mode search")
         x, starts = _optimise(programs, info, d, dtype, key_opt, key_probe, bar)
         bar.set_postfix_str("Newton")
         raw_curvature = programs.dense_curvature if dense else lambda y: programs.diagonal_curvature(y, key_probe)

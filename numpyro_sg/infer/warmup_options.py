@@ -166,10 +166,10 @@ class WarmupOptions:
             raise ValueError(f"warmup option centre={self.centre!r}: choose 'mode' or 'variational'.")
 
     def show_progress(self) -> bool:
-        """Whether the mode search shows a progress bar (``progress_bar``; default: when
-        ``stderr`` is a terminal)."""
-        if self.progress_bar is None:
-            return bool(getattr(sys.stderr, "isatty", lambda: False)())
+        """Whether the warmup shows a progress bar (``progress_bar``; default: when ``stderr``
+        is a terminal or in a Jupyter kernel)."""
+        if self.progress_bar is None:  # a terminal, or a Jupyter kernel (tqdm.auto's widget)
+            return bool(getattr(sys.stderr, "isatty", lambda: False)()) or "ipykernel" in sys.modules
         return bool(self.progress_bar)
 
     def resolved(self, d: int) -> "WarmupOptions":

@@ -45,6 +45,7 @@ from numpyro_sg.infer.preconditioner import (
     to_working,
     update_moments,
 )
+from numpyro_sg.infer.progress import warmup_progress
 from numpyro_sg.infer.warmup import ModeFit, WarmupOptions, find_mode
 from numpyro_sg.infer.programs import tree_signature
 from numpyro_sg.kernels.base import PerDataCache, SGKernel, all_finite, check_choice, split_init_key
@@ -164,11 +165,6 @@ class GradientKernel(SGKernel):
             return True
         return init_params is None and self._init_strategy is None
 
-    def _mode_fit(self, info, model_args, model_kwargs):
-        """The warmup's ModeFit, computed once per data set (chains of "sequential" reuse it)."""
-        return self._fits.get(model_args, model_kwargs,
-                              lambda: self._search_mode(info, model_args, model_kwargs))
-
     def _search_mode(self, info, model_args, model_kwargs):
         fit = find_mode(self._mb, info, self._unravel, model_args, model_kwargs, self.warmup_options)
         if not fit.converged:
@@ -233,13 +229,19 @@ class GradientKernel(SGKernel):
     def _plan(self, key_init, init_params, model_args, model_kwargs):
         """Trace the model once, find its subsample plates, build the mini-batcher and run the
         warmup's mode search when needed: ``(model info, ModeFit or None)``."""
-        strategy = self._init_strategy
         check_not_parallel(model_args, model_kwargs, isinstance(key_init, jax.core.Tracer))
+        with warmup_progress(self.warmup_options) as bar:
+            return self._plan_steps(bar, key_init, init_params, model_args, model_kwargs)
+
+    def _plan_steps(self, bar, key_init, init_params, model_args, model_kwargs):
+        """:meth:`_plan`'s steps, each named on the warmup's progress ``bar``."""
+        bar.set_postfix_str("model trace")
         data = auto_view(model_args, model_kwargs)  # eager NumPyro code runs on Explicit meshes too
         with eager_under_trace(key_init):  # structural work stays eager under pmap too
-            trace_kwargs = dict(init_strategy=(strategy or init_to_uniform) if init_params is None else None,
-                                rng_key=key_init)
+            trace_kwargs = dict(rng_key=key_init, init_strategy=(self._init_strategy or init_to_uniform)
+                                if init_params is None else None)
             info = trace_model(self._model, *data, **trace_kwargs)
+            bar.set_postfix_str("local latents")
             model = integrate_locals(self._model, info, *data)
             # local latents (found here, or a user's marginalize_locals): sample the globals' marginal
             if model is not self._model or info.latent_in(info.subsample_plates):
@@ -248,19 +250,16 @@ class GradientKernel(SGKernel):
             plates = subsample_plates(info, self._subsample_size, check_data=self._check_data,
                                       model_args=data[0], model_kwargs=data[1])
             if self.estimate_noise and len(plates) > 1:
-                raise ValueError(
-                    f"{type(self).__name__} with these settings estimates the gradient noise from "
-                    f"per-datum gradients, which needs exactly one subsample plate; the model has "
-                    f"{[p.name for p in plates]}."
-                )
+                raise ValueError(f"{type(self).__name__} with these settings estimates the gradient noise from "
+                                 "per-datum gradients, which needs exactly one subsample plate; the model has "
+                                 f"{[p.name for p in plates]}.")
         self._mb = make_minibatcher(self._model, plates, self._replace, model_args, model_kwargs)
         self._deterministic_in_plate = info.deterministic_in(p.name for p in plates)
         _, self._unravel = ravel_pytree(info.unconstrained_example())
-        # (sharded data exclude pmap: their shard_map programs never run under compile-time eval)
-        with eager_under_trace(key_init):
-            need_mode = self._needs_mode(init_params)
-            fit = self._mode_fit(info, model_args, model_kwargs) if need_mode else None
-        return info, fit
+        if not self._needs_mode(init_params):
+            return info, None
+        with eager_under_trace(key_init):  # once per data set (chains of "sequential" reuse it)
+            return info, self._fits.get(model_args, model_kwargs, lambda: self._search_mode(info, model_args, model_kwargs))
 
     def _initial_state(self, flat, key, hyper, precond, anchor, model_args, model_kwargs):
         """One chain's state at the flat point ``flat``, with ĝ on its first mini-batch."""
