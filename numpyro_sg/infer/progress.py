@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import sys
 
 from tqdm.auto import tqdm
 
-__all__ = ["warmup_progress"]
+__all__ = ["warmup_progress", "interactive"]
+
+
+def interactive() -> bool:
+    """Whether progress bars are shown by default: ``stderr`` is a terminal, or the process is a
+    Jupyter kernel (``tqdm.auto`` then draws a widget)."""
+    return bool(getattr(sys.stderr, "isatty", lambda: False)()) or "ipykernel" in sys.modules
 
 _progress_bar = contextvars.ContextVar("warmup_progress_bar", default=None)
 

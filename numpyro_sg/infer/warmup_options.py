@@ -4,13 +4,13 @@ itself is :func:`numpyro_sg.infer.warmup.find_mode`."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from numpyro_sg.infer.curvature import local_modes_below
+from numpyro_sg.infer.progress import interactive
 from numpyro_sg.infer.preconditioner import Preconditioner
 
 __all__ = ["WarmupOptions", "ModeFit"]
@@ -168,8 +168,8 @@ class WarmupOptions:
     def show_progress(self) -> bool:
         """Whether the warmup shows a progress bar (``progress_bar``; default: when ``stderr``
         is a terminal or in a Jupyter kernel)."""
-        if self.progress_bar is None:  # a terminal, or a Jupyter kernel (tqdm.auto's widget)
-            return bool(getattr(sys.stderr, "isatty", lambda: False)()) or "ipykernel" in sys.modules
+        if self.progress_bar is None:
+            return interactive()
         return bool(self.progress_bar)
 
     def resolved(self, d: int) -> "WarmupOptions":
