@@ -31,8 +31,8 @@ from numpyro.infer import init_to_sample
 from numpyro_sg.infer.curvature import local_modes_below, predicted_ascent
 from numpyro_sg.infer.model_info import ModelInfo, improper_to_uniform, trace_model
 
-__all__ = ["prior_or_uniform", "start_candidates", "flat_prior_draws", "explore_starts", "first_ends_settled", "best_ends", "padded_rows",
-           "start_ascents", "usual_start", "break_symmetry"]
+__all__ = ["prior_or_uniform", "start_candidates", "flat_prior_draws", "explore_starts", "first_ends_settled",
+           "best_ends", "padded_rows", "start_ascents", "usual_start", "break_symmetry"]
 
 
 def prior_or_uniform(site):
@@ -102,8 +102,8 @@ def start_candidates(start, info: ModelInfo, prior_draws, num_starts: int, width
     round when ``width`` ≥ ``num_starts``).  ``prior_draws(key, n)``: n flat
     draws (n, d) of :func:`prior_or_uniform` in one compiled program; a
     ``NotImplementedError`` (a distribution without a sampler) gives uniform draws instead."""
-    rng = np.random.default_rng(np.asarray(random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
-                                           else key, np.uint32))
+    typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    rng = np.random.default_rng(np.asarray(random.key_data(key) if typed else key, np.uint32))
     d, dtype = start.shape[0], start.dtype
     parts = [np.asarray(start, dtype)[None]]
     chain0 = _first_chain(info, dtype)
@@ -195,14 +195,20 @@ def best_ends(values, ends, k: int):
 EXACT_ASCENT_MAX = 64
 
 
-def start_ascents(values, grads, ends, curvature_many, best_value: float, gap: float) -> tuple:
+def start_ascents(values, grads, ends, curvature_many, best_value: float, gap: float, screen=None) -> tuple:
     """How much further each start's end point would climb,
     :func:`~numpyro_sg.infer.curvature.predicted_ascent` (the Newton decrement) there.
     Computed only for the ends more than ``gap`` nats below ``best_value`` (the candidates for
     another mode; 0 for the others, ``inf`` for non-finite ones); ``curvature_many(xs)`` gives
-    −H (S', d, d), or its diagonal (S', d), at the rows of xs (S', d)."""
+    −H (S', d, d), or its diagonal (S', d), at the rows of xs (S', d).  ``screen(g)``, the
+    ascent in the Laplace metric at the mode (½·gᵀΣ̂g), spares the curvature of an end that
+    it already shows climbing to within ``gap`` of the best (no local mode: a GLM's
+    unconverged starts); the others get their own curvature."""
     far = [bool(np.isfinite(value) and best_value - value > gap) for value in values]
-    picked = [x for x, f in zip(ends, far) if f]
-    curvatures = iter(curvature_many(np.stack(picked)) if picked else ())
-    return tuple(predicted_ascent(grad, next(curvatures)) if f else (0.0 if np.isfinite(value) else np.inf)
-                 for value, grad, f in zip(values, grads, far))
+    screened = {i: screen(grads[i]) for i, f in enumerate(far) if f and screen is not None}
+    climbing = {i: a for i, a in screened.items() if best_value - values[i] - a <= gap}
+    picked = [i for i, f in enumerate(far) if f and i not in climbing]
+    curvatures = dict(zip(picked, curvature_many(np.stack([ends[i] for i in picked])) if picked else ()))
+    return tuple(float(climbing[i]) if i in climbing
+                 else predicted_ascent(grads[i], curvatures[i]) if far[i]
+                 else (0.0 if np.isfinite(value) else np.inf) for i, value in enumerate(values))

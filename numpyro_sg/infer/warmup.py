@@ -59,9 +59,9 @@ from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.laplace import NewtonResult, damped_newton, log_density_not_lower
 from numpyro_sg.infer.minibatch import Anchor, Minibatcher
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
-from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, best_ends, break_symmetry, explore_starts, first_ends_settled,
-                                         padded_rows,
-                                         start_ascents, start_candidates, flat_prior_draws, usual_start)
+from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, best_ends, break_symmetry, explore_starts,
+                                         first_ends_settled, flat_prior_draws, padded_rows, start_ascents,
+                                         start_candidates, usual_start)
 from numpyro_sg.infer.plates import subsample_plates
 from numpyro_sg.infer.programs import placement_key, tree_signature
 from numpyro_sg.infer.preconditioner import Preconditioner, laplace_draw
@@ -299,11 +299,12 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
             return raw_curvature(y)
         newton = _newton(programs.full_value_and_grad, x, curvature, options, dense, dtype)
         (x, (value, grad)) = newton.point, newton.state
-        ascents = start_ascents(*starts, lambda ys: programs.curvatures(ys, key_probe), float(value),
-                                options.multimodal_gap)
         bar.set_postfix_str("preconditioner")
         precond, stiffness, noise_heat = _mode_preconditioner(programs, x, grad, curvature, dense,
                                                               key_probe, dtype)
+        L = np.asarray(precond.chol, np.float64) if precond.chol is not None else None  # Σ̂ = L·Lᵀ
+        ascents = start_ascents(*starts, lambda ys: programs.curvatures(ys, key_probe), float(value),
+                                options.multimodal_gap, L if L is None else lambda g: 0.5 * np.sum((L.T @ g) ** 2))
     return ModeFit(
         mode=jnp.asarray(x, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value),
         preconditioner=precond, converged=newton.converged, newton_steps=newton.steps,
