@@ -266,3 +266,33 @@ def test_posterior_summary_of_constant_coordinates_gives_no_runtime_warning():
         warnings.simplefilter("error", RuntimeWarning)
         table = nsg.posterior_summary(run)
     assert len(table) == 4 and np.isfinite(table.loc["L[1, 0]", "r_hat"])
+
+
+def test_an_unconverged_reference_warns_and_records_it(tmp_path):
+    """A NUTS reference too short to serve as ground truth (bulk ESS far below 100) says so,
+    naming the site, and records its diagnostics in its attrs (kept in the disk cache)."""
+    from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
+
+    X, y, _ = simulate_logistic_regression(num_data=200, dim=2)
+    with pytest.warns(nsg.ConvergenceWarning, match=r"NUTS has not converged on \['theta'\]"):
+        ref = nsg.nuts_reference(logistic_regression_model, X, y, num_warmup=5, num_samples=40,
+                                 progress_bar=False, ksd_draws=20, cache_dir=tmp_path)
+    attrs = ref.posterior.attrs
+    assert attrs["reference_converged"] == 0 and attrs["reference_suspect_sites"] == "theta"
+    assert attrs["reference_ess_bulk_min"] < 100
+    cached = nsg.nuts_reference(logistic_regression_model, X, y, num_warmup=5, num_samples=40,
+                                progress_bar=False, ksd_draws=20, cache_dir=tmp_path)
+    assert cached.posterior.attrs["reference_suspect_sites"] == "theta"
+
+
+def test_a_converged_reference_does_not_warn():
+    import warnings
+
+    from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
+
+    X, y, _ = simulate_logistic_regression(num_data=200, dim=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", nsg.ConvergenceWarning)
+        ref = nsg.nuts_reference(logistic_regression_model, X, y, num_warmup=300, num_samples=600,
+                                 num_chains=2, progress_bar=False, ksd_draws=50)
+    assert ref.posterior.attrs["reference_converged"] == 1 and ref.posterior.attrs["reference_rhat_max"] < 1.05

@@ -14,22 +14,20 @@ on the unconstrained space), so the two numbers are on one scale.
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import os
 import time
-import tokenize
+import warnings
 from pathlib import Path
 from typing import Callable
 
 import jax
 import numpy as np
-import numpyro
 import pandas as pd
 from numpyro.infer import MCMC, NUTS
 
 from numpyro_sg.arviz_compat import (check_netcdf_writable, ess, from_dict, from_netcdf, get_group, has_group,
-                                      is_run_data, plot_densities, rename_vars, to_netcdf)
+                                      is_run_data, plot_densities, rename_vars)
+from numpyro_sg.diagnostics.convergence import ConvergenceWarning, check_convergence
 from numpyro_sg.results.inference_data import score_and_attach_ksd, to_inference_data
 from numpyro_sg.diagnostics.model_scores import (
     STEIN_GROUP,
@@ -40,44 +38,12 @@ from numpyro_sg.diagnostics.model_scores import (
     stein_dataset,
 )
 from numpyro_sg.locals.posterior import LOCAL_GROUP, compare_locals, joint_model, marginal_of, select_local_draws
-from numpyro_sg.version import __version__ as numpyro_sg_version
+from numpyro_sg.results.reference_cache import cache_key, key_list, save
 
 __all__ = ["nuts_reference", "compare_to_reference", "plot_reference_comparison"]
 
 
 # -- NUTS reference -------------------------------------------------------------------------
-def _model_source(model) -> str:
-    """The model's source (its ``repr`` when there is none, e.g. a model defined by ``exec``)."""
-    try:
-        return inspect.getsource(model)
-    except (OSError, TypeError, SyntaxError, tokenize.TokenError):
-        return repr(model)
-
-
-def _data_hash(model_args, model_kwargs) -> str:
-    """SHA-256 over the data's bytes, shapes and dtypes (non-array leaves by ``repr``)."""
-    h = hashlib.sha256()
-    leaves, treedef = jax.tree.flatten((model_args, dict(sorted((model_kwargs or {}).items()))))
-    h.update(str(treedef).encode())
-    for leaf in leaves:
-        if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
-            arr = np.ascontiguousarray(np.asarray(leaf))
-            h.update(f"{arr.shape}{arr.dtype}".encode())
-            h.update(arr.tobytes())
-        else:
-            h.update(repr(leaf).encode())
-    return h.hexdigest()
-
-
-def _cache_key(model, model_args, model_kwargs, settings: dict) -> str:  # noqa: D103
-    h = hashlib.sha256()
-    h.update(_model_source(model).encode())
-    h.update(_data_hash(model_args, model_kwargs).encode())
-    h.update(repr(sorted(settings.items())).encode())
-    h.update(f"numpyro {numpyro.__version__} numpyro_sg {numpyro_sg_version}".encode())
-    return h.hexdigest()[:24]
-
-
 def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = None,
                    num_warmup: int = 1000, num_samples: int = 1000, num_chains: int = 1,
                    cache_dir: str | os.PathLike | None = None, rng_key=None,
@@ -117,11 +83,11 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
     model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
     rng_key = jax.random.PRNGKey(0) if rng_key is None else rng_key
     settings = dict(num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
-                    rng_key=_key_list(rng_key), ksd_draws=ksd_draws, decentre=bool(decentre_locals),
+                    rng_key=key_list(rng_key), ksd_draws=ksd_draws, decentre=bool(decentre_locals),
                     nuts=sorted((k, repr(v)) for k, v in nuts_kwargs.items()))
     path = None
     if cache_dir is not None:
-        key = _cache_key(model, model_args, model_kwargs, settings)
+        key = cache_key(model, model_args, model_kwargs, settings)
         path = Path(cache_dir) / f"nuts_reference_{key}.nc"
         if path.exists():
             idata = from_netcdf(path)
@@ -131,7 +97,25 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
     idata = _run_nuts(model, model_args, model_kwargs, rng_key, ksd_draws, decentre_locals, nuts_kwargs,
                       dict(num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
                            chain_method=chain_method, progress_bar=progress_bar))
-    return idata if path is None else _save(idata, path)
+    _check_reference(idata)
+    return idata if path is None else save(idata, path)
+
+
+def _check_reference(idata):
+    """Split-R̂ and bulk ESS of every coordinate of the reference (constant ones left out): record
+    them in ``posterior.attrs`` and warn, naming the sites, when it cannot serve as ground truth."""
+    table = check_convergence(idata, label="the NUTS reference", warn=False)
+    bad = [str(site) for site in table.index[~table["ok"]]]
+    idata.posterior.attrs.update(reference_rhat_max=float(table["r_hat"].max()),
+                                 reference_ess_bulk_min=float(table["ess_bulk"].min()),
+                                 reference_converged=int(not bad), reference_suspect_sites=", ".join(bad))
+    if bad:
+        worst = table.loc[bad]
+        warnings.warn(f"nuts_reference: NUTS has not converged on {bad} (split-R̂ up to "
+                      f"{worst['r_hat'].max():.3g}, bulk ESS down to {worst['ess_bulk'].min():.3g}): it cannot "
+                      "serve as ground truth for those sites. Run more chains and draws (num_chains=4), "
+                      "or reparameterise them (decentre_locals=True for location-scale locals).",
+                      ConvergenceWarning, stacklevel=3)
 
 
 def _run_nuts(model, model_args, model_kwargs, rng_key, ksd_draws, decentre, nuts_kwargs, mcmc_kwargs):
@@ -149,13 +133,6 @@ def _run_nuts(model, model_args, model_kwargs, rng_key, ksd_draws, decentre, nut
     return idata
 
 
-def _key_list(rng_key) -> list:
-    """The PRNG key's data as a list (new-style typed keys and raw uint32 keys alike)."""
-    if jax.dtypes.issubdtype(rng_key.dtype, jax.dtypes.prng_key):
-        return np.asarray(jax.random.key_data(rng_key)).tolist()
-    return np.asarray(rng_key).tolist()
-
-
 def _timed_run(mcmc, rng_key, model, model_args, model_kwargs, ksd_draws, ksd=True):
     """Run the NUTS ``mcmc`` and convert it, with its wall time as ``sampling_time``."""
     start = time.perf_counter()
@@ -168,17 +145,6 @@ def _timed_run(mcmc, rng_key, model, model_args, model_kwargs, ksd_draws, ksd=Tr
     return idata
 
 
-def _save(idata, path: Path):
-    """Write ``idata`` to ``path`` atomically (a temporary file), record the path; ``idata``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    to_netcdf(idata, tmp)
-    tmp.replace(path)
-    idata.posterior.attrs["cache_file"] = str(path)
-    return idata
-
-
-# -- comparison -----------------------------------------------------------------------------
 def _as_idata(obj, names: dict | None = None):
     """ArviZ data (InferenceData or DataTree) from ArviZ data, an MCMC, or a dict of draws."""
     if is_run_data(obj):
