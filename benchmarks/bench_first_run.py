@@ -34,6 +34,8 @@ from numpyro.infer import MCMC, NUTS
 import numpyro_sg as nsg
 from numpyro_sg.infer.minibatch import discover_plates, full_data
 
+from bench_wall_split import CompileEvents  # (run from the repository root: benchmarks/ is on sys.path)
+
 D = 12
 
 
@@ -52,27 +54,16 @@ def simulate(N, seed=0):
     return X, y
 
 
-class Compilations:
-    """``jax.monitoring`` listener: the seconds of every XLA compilation."""
-
-    def __init__(self):
-        self.seconds = []
-        jax.monitoring.register_event_duration_secs_listener(self._duration)
-
-    def _duration(self, event, seconds, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            self.seconds.append(seconds)
-
-
-def first_run(mcmc, X, y, compilations) -> dict:
+def first_run(mcmc, X, y, compilations: CompileEvents) -> dict:
     """Wall time, programs compiled and their seconds of one ``mcmc.run``."""
-    n0, t0 = len(compilations.seconds), time.perf_counter()
+    t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mcmc.run(jax.random.PRNGKey(1), X, y)
         jax.block_until_ready(mcmc.get_samples())
-    done = compilations.seconds[n0:]
-    return dict(wall=time.perf_counter() - t0, programs=len(done), compile=float(sum(done)))
+    t1 = time.perf_counter()
+    seconds, count, _ = compilations.between(t0, t1)
+    return dict(wall=t1 - t0, programs=count, compile=float(seconds))
 
 
 def measure(N, compilations) -> dict:
@@ -90,7 +81,7 @@ def main(argv=None):
     parser.add_argument("--sizes", default="1e6", help="comma-separated N (default 1e6)")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
-    compilations = Compilations()
+    compilations = CompileEvents()
     print(f"jax {jax.__version__}, numpyro {numpyro.__version__}, {os.cpu_count()} CPU cores", flush=True)
     results = []
     for N in (int(float(s)) for s in args.sizes.split(",")):
