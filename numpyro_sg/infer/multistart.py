@@ -4,7 +4,8 @@ A single gradient ascent from one start ends in the mode whose basin holds that 
 multimodal posterior — a Gaussian mixture, whose local modes leave a component empty or merge
 two — that is often not the highest one, and every chain then starts (and stays) there.  Before
 the main optimizer phase, :func:`explore_starts` therefore runs ``num_starts`` short Adam
-ascents (``start_steps`` mini-batch steps each, all starts in one vectorised program):
+ascents (``start_steps`` mini-batch steps each, ``starts_per_round`` at a time through one
+vectorised program, the main phase's too):
 
 * from the search's usual start (the unconstrained zero point, or the init strategy's draw
   where the log density is not finite there);
@@ -13,8 +14,8 @@ ascents (``start_steps`` mini-batch steps each, all starts in one vectorised pro
   draws from the prior (:func:`prior_or_uniform`: ``init_to_uniform`` for a site with an improper
   prior, which has no draw);
 
-and keeps the end point with the highest full-data log density (one pass over the data per
-start, in chunks), from which the main Adam phase and the Newton refinement continue.  The
+and keeps the end points with the highest full-data log density (one batched pass over the
+data per round, in chunks), from which the main Adam phase and the Newton refinement continue.  The
 end points' log densities are returned too: the kernels warn when some starts ended in modes
 clearly lower than the one kept (:meth:`~numpyro_sg.infer.warmup_options.ModeFit.multimodality`).
 """
