@@ -116,8 +116,10 @@ def predicted_ascent(grad, neg_h) -> float:
     so that any point has an answer).  ``inf`` where the result is not finite.  Small at a
     local maximum; large on a slope that is still climbing.
 
-    >>> predicted_ascent([1.0, 0.0], [[2.0, 0.0], [0.0, 1.0]]), predicted_ascent([1.0, 0.0], [[1.0, 0.0], [0.0, -1.0]])
-    (0.25, inf)
+    >>> round(predicted_ascent([1.0, 0.0], [[2.0, 0.0], [0.0, 1.0]]), 12)
+    0.25
+    >>> predicted_ascent([1.0, 0.0], [[1.0, 0.0], [0.0, -1.0]])   # −H not positive definite
+    inf
     """
     g, h = np.asarray(grad, np.float64), np.asarray(neg_h, np.float64)
     if h.ndim == 2:
