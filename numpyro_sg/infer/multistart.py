@@ -33,7 +33,7 @@ from numpyro_sg.infer.curvature import local_modes_below, predicted_ascent
 from numpyro_sg.infer.model_info import ModelInfo, improper_to_uniform, trace_model
 
 __all__ = ["prior_or_uniform", "start_candidates", "flat_prior_draws", "explore_starts", "first_ends_settled",
-           "best_ends", "padded_rows", "start_ascents", "usual_start", "break_symmetry"]
+           "start_ascents", "usual_start", "break_symmetry"]
 
 
 def prior_or_uniform(site):

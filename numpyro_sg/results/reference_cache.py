@@ -18,7 +18,7 @@ import numpyro
 from numpyro_sg.arviz_compat import to_netcdf
 from numpyro_sg.version import __version__ as numpyro_sg_version
 
-__all__ = ["cache_key", "key_list", "save"]
+__all__ = ["cache_key", "save"]
 
 
 def _model_source(model) -> str:
