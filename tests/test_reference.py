@@ -296,3 +296,32 @@ def test_a_converged_reference_does_not_warn():
         ref = nsg.nuts_reference(logistic_regression_model, X, y, num_warmup=300, num_samples=600,
                                  num_chains=2, progress_bar=False, ksd_draws=50)
     assert ref.posterior.attrs["reference_converged"] == 1 and ref.posterior.attrs["reference_rhat_max"] < 1.05
+
+
+def _normal_mean(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=100):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+
+@pytest.mark.parametrize("chain_method", ["vectorized", "sequential"])
+def test_the_run_records_its_sampling_time_for_ess_per_second(chain_method):
+    """Without ``sampling_time=`` the kernel's own clock gives it: within the wall time of
+    ``run`` (it ends at the last iteration) and most of it (the warmup, compiles and loop are
+    inside; only NumPyro's bookkeeping after the loop is not), so that ``ess_per_s`` is known."""
+    import time
+
+    y = np.random.default_rng(0).normal(1.0, 1.0, 5_000)
+    mcmc = MCMC(nsg.SGLD(_normal_mean), num_warmup=300, num_samples=700, num_chains=2,
+                chain_method=chain_method, progress_bar=False)
+    start = time.perf_counter()
+    mcmc.run(jax.random.PRNGKey(0), y)
+    jax.block_until_ready(mcmc.get_samples())
+    elapsed = time.perf_counter() - start
+    idata = nsg.to_inference_data(mcmc, ksd=False)
+    seconds = idata.posterior.attrs["sampling_time"]
+    assert 0.3 * elapsed < seconds <= elapsed
+    draws = np.random.default_rng(1).normal(y.mean(), 0.0141, (2, 500))
+    ref = from_dict(posterior={"mu": draws}, attrs={"sampling_time": 1.0})
+    table = nsg.compare_to_reference(idata, ref, ksd=False)
+    assert np.isfinite(table.loc["mu", "ess_per_s"]) and table.loc["mu", "ess_per_s"] > 0

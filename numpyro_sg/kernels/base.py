@@ -6,11 +6,12 @@ chains (``sample`` ``vmap``-s the pure :meth:`SGKernel.step` over chains), the d
 report, and the shared options (``subsample_size``, ``replace``, ``init_strategy``,
 ``check_data``).  Every kernel flags a blown-up chain through
 :func:`numpyro_sg.kernels.guard.guarded_update` (``diverging``, collected by NumPyro by
-default, and the iteration in ``guard.diverged_at``); the compiled step holds no host callback
-(which would keep NumPyro's loop out of JAX's persistent compilation cache), so the
-:class:`DivergenceWarning` naming the chains and iterations (:meth:`SGKernel.divergence_message`)
-comes after the run, from :func:`numpyro_sg.check_convergence`,
-:func:`numpyro_sg.to_inference_data` and :func:`numpyro_sg.posterior_summary`.
+default, and the iteration in ``guard.diverged_at``); the :class:`DivergenceWarning` naming the
+chains and iterations (:meth:`SGKernel.divergence_message`) comes after the run, from
+:func:`numpyro_sg.check_convergence`, :func:`numpyro_sg.to_inference_data` and
+:func:`numpyro_sg.posterior_summary`.  The loop's only host callback is the run clock's stamp
+every 64 iterations (:mod:`~numpyro_sg.infer.run_clock`; none when JAX's persistent compilation
+cache is on, whose programs may hold no callback).
 
 The gradient-based kernels share one more layer, :class:`~numpyro_sg.kernels.gradient.GradientKernel`
 (warmup, preconditioner, gradient estimate, guard).  Convergence is checked at the points the
@@ -22,7 +23,6 @@ package owns: :func:`numpyro_sg.check_convergence` and :func:`numpyro_sg.to_infe
 from __future__ import annotations
 
 import warnings
-import weakref
 from typing import Callable
 
 import jax
@@ -37,10 +37,12 @@ from numpyro_sg.diagnostics.convergence import DivergenceWarning
 from numpyro_sg.infer.jit_data import is_data
 from numpyro_sg.infer.minibatch import Minibatcher, full_data, with_indices
 from numpyro_sg.infer.programs import placement_key
+from numpyro_sg.infer.run_clock import RunClock
+from numpyro_sg.kernels.data_cache import PerDataCache
 from numpyro_sg.kernels.guard import diverged_iterations
 
 __all__ = ["SGKernel", "DivergenceWarning", "split_init_key", "all_finite", "check_choice",
-           "check_positive", "PerDataCache", "program_settings", "EMBEDDED_DATA_WARN_BYTES",
+           "check_positive", "program_settings", "EMBEDDED_DATA_WARN_BYTES",
            "EmbeddedDataWarning", "embedded_data_bytes"]
 
 
@@ -92,68 +94,6 @@ def check_positive(name, value):
     """Raise a ValueError naming ``name`` unless ``value`` (a number or array) is positive."""
     if not np.all(np.asarray(value) > 0) or not np.all(np.isfinite(np.asarray(value))):
         raise ValueError(f"{name} must be positive and finite, got {value!r}.")
-
-
-class PerDataCache:
-    """The kernels' one caching rule: a value computed once per data set.
-
-    ``cache.get(model_args, model_kwargs, compute)`` returns the value computed for the same
-    data (the same array objects, compared with ``is``) or calls ``compute()`` and keeps its
-    result; under a trace (``chain_method="parallel"``) nothing is kept.  A kernel run again on
-    the same arrays (the next chain of ``chain_method="sequential"``, a second ``MCMC.run``)
-    thus reuses its structure and warmup; new data recompute them.  ``cache.set(value)`` stores
-    a value for any data (e.g. a warmup result the user passes in).
-
-    >>> import numpy as np
-    >>> cache, X = PerDataCache(), np.ones(3)
-    >>> cache.get((X,), {}, lambda: "computed"), cache.get((X,), {}, lambda: "again")
-    ('computed', 'computed')
-    >>> cache.get((np.ones(3),), {}, lambda: "new data")
-    'new data'
-    """
-
-    def __init__(self):
-        self._leaves, self.value = None, None
-
-    @staticmethod
-    def _refs(leaves):
-        """Weak references to the array leaves (the cache never keeps the data alive; a freed
-        array's id cannot then be mistaken for a new one's), the other leaves as they are."""
-        return [_WeakLeaf(x) if _weakable(x) else x for x in leaves]
-
-    @staticmethod
-    def _same(kept, leaves) -> bool:
-        return len(kept) == len(leaves) and all(
-            (k() if isinstance(k, _WeakLeaf) else k) is x for k, x in zip(kept, leaves))
-
-    def get(self, model_args, model_kwargs, compute: Callable):
-        """The value for these data, computed by ``compute()`` on a miss."""
-        leaves = jax.tree.leaves((model_args, model_kwargs))
-        if self.value is not None and (self._leaves is None or self._same(self._leaves, leaves)):
-            return self.value
-        self.value = compute()
-        traced = any(isinstance(x, jax.core.Tracer) for x in leaves)
-        self._leaves = None if traced else self._refs(leaves)
-        if traced:  # nothing is kept for data seen only as tracers
-            value, self.value = self.value, None
-            return value
-        return self.value
-
-    def set(self, value):
-        """Keep ``value`` for any data (until :meth:`get` sees data after a miss)."""
-        self._leaves, self.value = None, value
-
-    def clear(self):
-        """Forget the value (the next :meth:`get` computes it)."""
-        self._leaves, self.value = None, None
-
-
-class _WeakLeaf(weakref.ref):
-    """A weak reference to an array leaf of the data (see :class:`PerDataCache`)."""
-
-
-def _weakable(x) -> bool:
-    return isinstance(x, (np.ndarray, jax.Array)) and not isinstance(x, jax.core.Tracer)
 
 
 def program_settings(obj, skip=()) -> tuple | None:
@@ -209,6 +149,7 @@ class SGKernel(MCMCKernel):
         self._sample_fn = None
         self._deterministic_in_plate = True
         self._warned_embedded = False
+        self._clock = RunClock()
 
     # -- NumPyro's MCMCKernel contract -----------------------------------------------------
     @property
@@ -248,6 +189,8 @@ class SGKernel(MCMCKernel):
         """One iteration of every chain: :meth:`step`, ``vmap``-ed for vectorised chains."""
         model_kwargs = {} if model_kwargs is None else model_kwargs
         self._warn_embedded_data(state, model_args, model_kwargs)
+        if not jax.config.jax_compilation_cache_dir:  # (a persistent program holds no callback)
+            self._clock.tick(state.i)
         state = self._between_steps(state)
         if is_prng_key(state.rng_key):
             new = self.step(state, model_args, model_kwargs)
@@ -256,7 +199,7 @@ class SGKernel(MCMCKernel):
         return new
 
     #: instance attributes that are no setting of the compiled programs (caches, ``init``'s products)
-    NOT_SETTINGS = ("_fits", "_mb", "_unravel", "_sample_fn", "_warned_embedded")
+    NOT_SETTINGS = ("_fits", "_mb", "_unravel", "_sample_fn", "_warned_embedded", "_clock")
 
     def _program_key(self, *parts):
         """Key of one of this kernel's compiled programs (:func:`~numpyro_sg.infer.programs.
@@ -298,6 +241,17 @@ class SGKernel(MCMCKernel):
         for value in vars(self).values():
             if isinstance(value, PerDataCache):
                 value.clear()
+
+    def _start_init(self, num_warmup):
+        """What every ``init`` does first: keep ``num_warmup``, open a segment of the run clock."""
+        self._num_warmup = int(num_warmup)
+        self._clock.start()
+
+    def sampling_seconds(self, state, segments: int = 1) -> float | None:
+        """Wall seconds of the last run ending in ``state`` (``mcmc.last_state``), from the start
+        of ``init``; ``segments`` runs (one per chain of ``chain_method="sequential"``) summed;
+        ``None`` when not stamped (:mod:`~numpyro_sg.infer.run_clock`)."""
+        return self._clock.seconds(int(np.max(np.asarray(state.i))), segments)
 
     def step(self, state, model_args, model_kwargs):  # pragma: no cover - abstract
         """One iteration of one chain: a pure function of the state and the data."""

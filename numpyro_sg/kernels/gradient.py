@@ -48,7 +48,8 @@ from numpyro_sg.infer.preconditioner import (
 from numpyro_sg.infer.progress import warmup_progress
 from numpyro_sg.infer.warmup import ModeFit, WarmupOptions, find_mode
 from numpyro_sg.infer.programs import tree_signature
-from numpyro_sg.kernels.base import PerDataCache, SGKernel, all_finite, check_choice, split_init_key
+from numpyro_sg.kernels.base import SGKernel, all_finite, check_choice, split_init_key
+from numpyro_sg.kernels.data_cache import PerDataCache
 from numpyro_sg.kernels.guard import freeze, guarded_update, init_guard, rms
 from numpyro_sg.kernels.moves import ema
 from numpyro_sg.locals.model import anchor_gradient, integrate_locals
@@ -201,7 +202,7 @@ class GradientKernel(SGKernel):
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         model_kwargs = {} if model_kwargs is None else model_kwargs
-        self._num_warmup = int(num_warmup)
+        self._start_init(num_warmup)
         self._set_adaptation_schedule()
         batched, rng_key, key_init = split_init_key(rng_key)
         info, fit = self._plan(key_init, init_params, model_args, model_kwargs)

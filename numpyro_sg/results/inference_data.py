@@ -58,6 +58,7 @@ from numpyro_sg.diagnostics.model_scores import (
     stein_dataset,
 )
 from numpyro_sg.infer.model_info import improper_to_uniform
+from numpyro_sg.infer.run_clock import run_seconds
 from numpyro_sg.infer.sharding import auto_view, spans_processes, without_global_observations
 from numpyro_sg.results.chains import (
     DIVERGED_AT_ATTR,
@@ -180,7 +181,9 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
         size (``None``: no limit).
     :param sampling_time: wall time of ``mcmc.run`` in seconds, stored as
         ``posterior.attrs["sampling_time"]`` (ArviZ's convention) and used for ESS per second
-        by :func:`numpyro_sg.compare_to_reference`.
+        by :func:`numpyro_sg.compare_to_reference`; by default, for this package's kernels, the
+        run's own clock (from the start of ``init`` to the last iteration;
+        :func:`~numpyro_sg.infer.run_clock.run_seconds`).
     :param model, model_args, model_kwargs: override the model and data the run used.
     :param local_groups: for a model with local latents, indices of groups whose locals are
         also drawn, one draw b_g ~ p(b_g | y_g, θ) per kept draw θ, into the ``posterior`` group
@@ -220,7 +223,7 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     scores.coordinate_indices(var_names)  # unknown names fail before any work
     idata = _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood,
                              log_likelihood_limit_gb, kwargs, local_groups, var_names)
-    _finish(idata, scores, sampling_time)
+    _finish(idata, scores, run_seconds(mcmc) if sampling_time is None else sampling_time)
     diverged = _record_diverged(idata, mcmc)
     if ksd:
         score_and_attach_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options, diverged,

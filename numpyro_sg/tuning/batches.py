@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
 
-from numpyro_sg.kernels.base import PerDataCache
+from numpyro_sg.kernels.data_cache import PerDataCache
 
 __all__ = ["MAX_CHUNK", "Batch", "vectorisable", "make_batches"]
 

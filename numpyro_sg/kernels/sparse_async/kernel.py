@@ -15,7 +15,8 @@ from numpyro_sg.infer.minibatch import full_data, jit_with_data, with_indices
 from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.infer.sharding import (auto_view, check_not_parallel, eager_under_trace, find_data_shards,
                                        spans_processes)
-from numpyro_sg.kernels.base import PerDataCache, SGKernel, split_init_key
+from numpyro_sg.kernels.base import SGKernel, split_init_key
+from numpyro_sg.kernels.data_cache import PerDataCache
 from numpyro_sg.kernels.sparse_async.options import SparseAsyncOptions, check_options
 from numpyro_sg.kernels.sparse_async.setup import SPIKE_KEY, initial_values, make_plan
 from numpyro_sg.kernels.sparse_async.sharded import shard_plan
@@ -209,7 +210,7 @@ class SparseAsync(SGKernel):
     # -- init ----------------------------------------------------------------------------------
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         model_kwargs = {} if model_kwargs is None else model_kwargs
-        self._num_warmup = int(num_warmup)
+        self._start_init(num_warmup)
         check_not_parallel(model_args, model_kwargs, isinstance(rng_key, jax.core.Tracer))
         batched, rng_key, key_init = split_init_key(rng_key)
         num_chains = jnp.shape(rng_key)[0] if batched else None
