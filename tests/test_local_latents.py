@@ -338,3 +338,35 @@ def test_local_draws_of_chosen_groups_follow_their_conditional_and_round_trip(tm
         local_draws(kernel.model, samples, np.arange(40), args, max_values=1000)
     with pytest.raises(ValueError, match=r"group indices in \[0, 40\)"):
         local_draws(kernel.model, samples, [3, 40], args)
+
+
+def _correlated_effects(t, y=None):
+    """Random intercept and slope per group, correlated: b_g ~ MVN(0, diag(τ)·L·Lᵀ·diag(τ))."""
+    tau = numpyro.sample("tau", dist.HalfNormal(1.0).expand([2]).to_event(1))
+    L = numpyro.sample("L", dist.LKJCholesky(2, 2.0))
+    with numpyro.plate("group", t.shape[0], subsample_size=4):
+        tb = numpyro.subsample(t, event_dim=1)
+        b = numpyro.sample("b", dist.MultivariateNormal(0.0, scale_tril=tau[:, None] * L))
+        yb = numpyro.subsample(y, event_dim=1) if y is not None else None
+        numpyro.sample("y", dist.Normal(b[:, :1] + b[:, 1:] * tb, 1.0).to_event(1), obs=yb)
+
+
+def test_the_reference_decentres_multivariate_normal_locals():
+    """The joint model NUTS samples draws correlated effects as b = L·z, z ~ N(0, I) (no funnel
+    where a group scale is small), and b keeps its distribution: prior draws of b from the
+    decentred and the original model agree (means within 4 Monte Carlo se, covariances within
+    5%: 20,000 draws give a relative se of about 1% on each entry)."""
+    from numpyro.infer import Predictive
+
+    from numpyro_sg.locals.posterior import joint_model
+
+    t = np.linspace(-1.0, 1.0, 8 * 3).reshape(8, 3)
+    joint = joint_model(_correlated_effects, (t, np.zeros_like(t)), {}, decentre=True)
+    names = trace_model(joint, (t, np.zeros_like(t)), {}).continuous_sites
+    assert "b_decentered" in names and "b" not in names
+    original = joint_model(_correlated_effects, (t, np.zeros_like(t)), {}, decentre=False)
+    draws = [np.asarray(Predictive(m, num_samples=20_000, return_sites=["b"])(jax.random.PRNGKey(1), t)["b"])[:, 0]
+             for m in (joint, original)]
+    se = draws[1].std(0) / np.sqrt(len(draws[1]))
+    assert np.all(np.abs(draws[0].mean(0) - draws[1].mean(0)) < 4 * np.sqrt(2) * se)
+    np.testing.assert_allclose(np.cov(draws[0].T), np.cov(draws[1].T), rtol=0.05)

@@ -325,3 +325,53 @@ def test_the_run_records_its_sampling_time_for_ess_per_second(chain_method):
     ref = from_dict(posterior={"mu": draws}, attrs={"sampling_time": 1.0})
     table = nsg.compare_to_reference(idata, ref, ksd=False)
     assert np.isfinite(table.loc["mu", "ess_per_s"]) and table.loc["mu", "ess_per_s"] > 0
+
+
+def test_a_reference_started_at_the_warmups_mode_finds_the_mixtures_components():
+    """On three components at −10, 0 and 10 (N = 2,000) NUTS from NumPyro's default start
+    settles with two components merged (means ≈ −5.4, −5.2, 4.4 with this key); from the
+    warmup's multi-start mode it samples the components (posterior sds ≈ 0.04–0.07: 0.3 is
+    over 4 sds)."""
+    from test_mode_search import WIDE, _mixture_data
+
+    centers, weights, seed, model = WIDE
+    y = _mixture_data(N=2000, seed=seed, centers=centers, weights=weights)
+    ref = nsg.nuts_reference(model, y, model_kwargs={"N": 2000}, num_warmup=150, num_samples=150,
+                             progress_bar=False, ksd_draws=50, start="mode")
+    means = np.sort(ref.posterior["mu"].mean(("chain", "draw")).values)
+    np.testing.assert_allclose(means, centers, atol=0.3)
+
+
+def _stein_run(log_density, dim=4, seed=0):
+    """A run with a ``stein`` group whose draws have the given full-data log densities."""
+    import xarray as xr
+
+    from numpyro_sg.arviz_compat import set_group
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(1, len(log_density), dim))
+    idata = from_dict(posterior={"theta": x})
+    stein = xr.Dataset({"unconstrained": (("chain", "draw", "coordinate"), x),
+                        "score": (("chain", "draw", "coordinate"), -x),
+                        "log_density": (("chain", "draw"), np.asarray(log_density)[None])},
+                       coords={"coordinate": [f"theta[{j}]" for j in range(dim)]},
+                       attrs={"model_dim": dim})
+    set_group(idata, "stein", stein)
+    return idata
+
+
+def test_a_reference_far_below_the_run_in_log_density_warns():
+    """Draws of one posterior (d = 4) have log densities −χ²₄/2: equal means, no warning; a
+    reference 50 nats lower (a merged mode) is no ground truth and says so."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    run = _stein_run(-0.5 * rng.chisquare(4, 400))
+    same = _stein_run(-0.5 * rng.chisquare(4, 400), seed=1)
+    lower = _stein_run(-50 - 0.5 * rng.chisquare(4, 400), seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", nsg.ConvergenceWarning)
+        table = nsg.compare_to_reference(run, same)
+    assert abs(table.attrs["log_density"] - table.attrs["reference_log_density"]) < 0.5
+    with pytest.warns(nsg.ConvergenceWarning, match="nats below the run's"):
+        nsg.compare_to_reference(run, lower)

@@ -193,11 +193,13 @@ class ModelScores:
 
     # -- scores ----------------------------------------------------------------------------
     def _score_one(self, flat, discrete, model_args, model_kwargs):
+        """One draw's score ∇ log π (dim,) and log π, as one row (dim + 1,): the log density comes
+        free with its gradient, and one program gives both."""
         model = handlers.substitute(self.model, data=discrete) if discrete else self.model
-        grad = jax.grad(
+        value, grad = jax.value_and_grad(
             lambda x: -potential_energy(model, model_args, model_kwargs, self._unravel(x))
-        )
-        return grad(flat)
+        )(flat)
+        return jnp.append(grad, value)
 
     def score(self, x: np.ndarray, discrete: dict | None = None) -> np.ndarray:
         """Full-data scores ∇ log π (S, dim) at unconstrained points ``x`` (S, dim).
@@ -205,6 +207,12 @@ class ModelScores:
         :param discrete: ``{site: array (S, …)}`` values of the discrete latent sites, held
             fixed at each point.
         """
+        return self.log_density_and_score(x, discrete)[1]
+
+    def log_density_and_score(self, x: np.ndarray, discrete: dict | None = None):
+        """``(log π (S,), ∇ log π (S, dim))`` over the full data at unconstrained points ``x``
+        (S, dim); log π is NumPyro's negative potential energy (Jacobians included, up to the
+        model's normalising constant); ``discrete`` as in :meth:`score`."""
         discrete = {} if discrete is None else {k: np.asarray(v) for k, v in discrete.items()}
         missing = [s for s in self.discrete_sites if s not in discrete]
         if missing:
@@ -212,7 +220,8 @@ class ModelScores:
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[1] != self.dim:
             raise ValueError(f"x must have shape (S, {self.dim}); got {x.shape}.")
-        return self._blocked(self._score_block, {"x": x}, discrete)
+        rows = self._blocked(self._score_block, {"x": x}, discrete)
+        return rows[:, -1], rows[:, :-1]
 
     def score_fn(self) -> Callable:
         """``flat (dim,) → score (dim,)`` for models without discrete latent sites."""
@@ -221,7 +230,7 @@ class ModelScores:
                 f"the model has discrete latent sites {self.discrete_sites}; a single score "
                 "function of the continuous coordinates is not defined."
             )
-        return lambda flat: self._score_one(flat, {}, self.model_args, self.model_kwargs)
+        return lambda flat: self._score_one(flat, {}, self.model_args, self.model_kwargs)[:-1]
 
     def _blocked(self, fn, batched: dict, discrete: dict):
         """``fn(batched, discrete)`` (vmapped) over rows, a block of rows at a time

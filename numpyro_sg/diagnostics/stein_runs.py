@@ -118,7 +118,8 @@ def stein_dataset(samples: dict, scores: ModelScores, max_draws: int | None = 10
     :param var_names: continuous latent sites whose coordinates to keep (a name or a list;
         ``None``: all).
     :return: an ``xarray.Dataset`` with ``unconstrained`` and ``score`` of dims
-        ``(chain, draw, coordinate)`` (``draw`` holds the indices of the kept draws).
+        ``(chain, draw, coordinate)`` (``draw`` holds the indices of the kept draws) and the
+        full-data ``log_density`` of each draw (dims ``(chain, draw)``).
 
     **Example:**
 
@@ -139,12 +140,14 @@ def stein_dataset(samples: dict, scores: ModelScores, max_draws: int | None = 10
     chain_of, draw_of = np.repeat(np.arange(num_chains), len(keep)), np.tile(keep, num_chains)
     x = np.empty((len(chain_of), len(columns)), first.dtype)
     s = np.empty_like(x)
+    log_density = np.empty(len(chain_of), np.float64)
     for start in range(0, len(chain_of), scores.block_size):
         rows = slice(start, start + scores.block_size)
         block = {k: np.asarray(v)[chain_of[rows], draw_of[rows]] for k, v in samples.items()}
         continuous, discrete = scores.split(block)
         xb = scores.unconstrain({**continuous, **discrete})
-        x[rows], s[rows] = xb[:, columns], scores.score(xb, discrete)[:, columns]
+        log_density[rows], sb = scores.log_density_and_score(xb, discrete)
+        x[rows], s[rows] = xb[:, columns], sb[:, columns]
     shape = (num_chains, len(keep), len(columns))
     dims = ("chain", "draw", "coordinate")
     coords = {
@@ -154,8 +157,9 @@ def stein_dataset(samples: dict, scores: ModelScores, max_draws: int | None = 10
         "site": ("coordinate", [scores.coordinate_sites[j] for j in columns]),
     }
     return xr.Dataset(
-        {"unconstrained": (dims, x.reshape(shape)), "score": (dims, s.reshape(shape))},
-        coords=coords,
+        {"unconstrained": (dims, x.reshape(shape)), "score": (dims, s.reshape(shape)),
+         "log_density": (dims[:2], log_density.reshape(shape[:2]))},
+        coords=coords, attrs={"model_dim": scores.dim},
     )
 
 

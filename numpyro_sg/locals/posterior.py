@@ -26,7 +26,8 @@ import pandas as pd
 import xarray as xr
 import numpyro.distributions as dist
 from numpyro.handlers import reparam, substitute
-from numpyro.infer.reparam import LocScaleReparam
+import numpyro
+from numpyro.infer.reparam import LocScaleReparam, Reparam
 
 from numpyro_sg.arviz_compat import get_group, set_group
 from numpyro_sg.infer.handlers import with_indices
@@ -227,7 +228,7 @@ def joint_model(model, model_args=(), model_kwargs=None, max_dim: int = JOINT_MA
 
     ``decentre``: locals of a location-scale family (Normal, Student-t, Cauchy, Laplace,
     Logistic) are sampled as b = loc + scale·z (NumPyro's ``LocScaleReparam(0)``; ``b`` stays a
-    deterministic site).  The centred joint has a funnel where a group scale is small, which
+    deterministic site), multivariate normal ones as b = loc + L·z (``scale_tril`` L).  The centred joint has a funnel where a group scale is small, which
     NUTS can under-explore without a single divergence; the decentred one has none.
 
     Raises ValueError when the joint has more than ``max_dim`` latent scalars (NUTS would not be
@@ -261,15 +262,31 @@ LOC_SCALE_FAMILIES = {dist.Normal: (), dist.StudentT: ("df",), dist.Cauchy: (), 
                       dist.Logistic: ()}
 
 
+class MultivariateNormalDecentring(Reparam):
+    """A ``MultivariateNormal(loc, scale_tril=L)`` site sampled as b = loc + L·z, z ~ N(0, I)
+    (site ``<name>_decentered``; ``b`` stays a deterministic site): the multivariate form of
+    ``LocScaleReparam(0)``, for correlated group effects whose scale can be small."""
+
+    def __call__(self, name, fn, obs):
+        assert obs is None, "decentring applies to latent sites only"
+        fn, expand_shape, event_dim = self._unwrap(fn)
+        standard = dist.Normal(jnp.zeros(fn.batch_shape + fn.event_shape), 1.0).to_event(1)
+        z = numpyro.sample(f"{name}_decentered", self._wrap(standard, expand_shape, event_dim))
+        return None, fn.loc + jnp.einsum("...ij,...j->...i", fn.scale_tril, z)
+
+
 def decentred(model, names):
     """``model`` with its sites ``names`` of a location-scale family (possibly expanded or made
-    independent; not masked) sampled as loc + scale·z (``LocScaleReparam(0)``)."""
+    independent; not masked) sampled as loc + scale·z (``LocScaleReparam(0)``; a multivariate
+    normal as loc + L·z, :class:`MultivariateNormalDecentring`)."""
     def config(site):
         if site["type"] != "sample" or site["name"] not in names or site.get("is_observed"):
             return None
         fn = site["fn"]
         while isinstance(fn, (dist.Independent, dist.ExpandedDistribution)):
             fn = fn.base_dist
+        if type(fn) is dist.MultivariateNormal:
+            return MultivariateNormalDecentring()
         shape = LOC_SCALE_FAMILIES.get(type(fn))
         return None if shape is None else LocScaleReparam(0, shape_params=shape)
 

@@ -39,6 +39,7 @@ from numpyro_sg.diagnostics.model_scores import (
 )
 from numpyro_sg.locals.posterior import LOCAL_GROUP, compare_locals, joint_model, marginal_of, select_local_draws
 from numpyro_sg.results.reference_cache import cache_key, key_list, save
+from numpyro_sg.results.reference_start import log_density_check, reference_start, start_key
 
 __all__ = ["nuts_reference", "compare_to_reference", "plot_reference_comparison"]
 
@@ -48,7 +49,8 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
                    num_warmup: int = 1000, num_samples: int = 1000, num_chains: int = 1,
                    cache_dir: str | os.PathLike | None = None, rng_key=None,
                    chain_method: str = "sequential", progress_bar: bool = True,
-                   ksd_draws: int | None = 1000, decentre_locals: bool = True, **nuts_kwargs):
+                   ksd_draws: int | None = 1000, decentre_locals: bool = True, start=None,
+                   **nuts_kwargs):
     """NUTS on the full data: the ground truth a stochastic-gradient run is compared with.
 
     Every subsample plate of ``model`` is switched to its full size (the exact log density),
@@ -68,6 +70,9 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
     :param rng_key: a ``jax.random.PRNGKey`` (default ``PRNGKey(0)``).
     :param decentre_locals: sample location-scale locals as loc + scale·z (the centred joint's
         funnel can bias NUTS silently; :func:`~numpyro_sg.locals.posterior.joint_model`).
+    :param start: ``None`` (NumPyro's default start), ``"mode"`` (the warmup's multi-start
+        mode: a mixture's default start can settle in a lower mode) or a ``ModeFit``
+        (``kernel.mode_fit``; :mod:`~numpyro_sg.results.reference_start`).
     :param nuts_kwargs: passed to ``numpyro.infer.NUTS`` (``target_accept_prob``, …).
 
     **Example:**
@@ -84,16 +89,17 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
     rng_key = jax.random.PRNGKey(0) if rng_key is None else rng_key
     settings = dict(num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
                     rng_key=key_list(rng_key), ksd_draws=ksd_draws, decentre=bool(decentre_locals),
-                    nuts=sorted((k, repr(v)) for k, v in nuts_kwargs.items()))
-    path = None
-    if cache_dir is not None:
-        key = cache_key(model, model_args, model_kwargs, settings)
-        path = Path(cache_dir) / f"nuts_reference_{key}.nc"
-        if path.exists():
-            idata = from_netcdf(path)
-            idata.posterior.attrs["cache_file"] = str(path)
-            return idata
+                    nuts=sorted((k, repr(v)) for k, v in nuts_kwargs.items()), start=start_key(start))
+    path = None if cache_dir is None else (
+        Path(cache_dir) / f"nuts_reference_{cache_key(model, model_args, model_kwargs, settings)}.nc")
+    if path is not None and path.exists():
+        idata = from_netcdf(path)
+        idata.posterior.attrs["cache_file"] = str(path)
+        return idata
+    if path is not None:
         check_netcdf_writable(path.parent)  # before NUTS runs, not after
+    if start is not None and "init_strategy" not in nuts_kwargs:
+        nuts_kwargs["init_strategy"] = reference_start(model, model_args, model_kwargs, start)
     idata = _run_nuts(model, model_args, model_kwargs, rng_key, ksd_draws, decentre_locals, nuts_kwargs,
                       dict(num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
                            chain_method=chain_method, progress_bar=progress_bar))
@@ -215,7 +221,9 @@ def compare_to_reference(idata, reference, *, var_names=None, reference_names: d
         ``attrs``: ``xi_sd`` = ξ(σ̂) = ‖σ̂ − σ_ref‖₂/‖σ_ref‖₂ over all compared coordinates,
         ``ksd`` and ``ksd_reference`` (both with the reference's unconstrained sd as the
         common preconditioner, recorded in ``ksd_scales``), ``sampling_time`` and
-        ``reference_sampling_time``.  A run with local latents (its ``local_posterior`` group)
+        ``reference_sampling_time``, and the mean full-data log density of both runs' scored
+        draws (``log_density``, ``reference_log_density``; a reference far below the run warns:
+        :func:`~numpyro_sg.results.reference_start.log_density_check`).  A run with local latents (its ``local_posterior`` group)
         against a reference with their draws (NUTS on the joint model) adds
         ``attrs["locals"]``, the same columns per group (no ESS), from
         :func:`numpyro_sg.locals.posterior.compare_locals`.
@@ -326,6 +334,7 @@ def _common_scale_ksd(run, ref, model, model_args, model_kwargs, ksd_draws) -> d
         "ksd_reference": float(ksd_of_stein(ref_stein, scales, **options)),
         "ksd_preconditioner": "reference sd",
         "ksd_scales": scales,
+        **log_density_check(run_stein, ref_stein),
     }
 
 
