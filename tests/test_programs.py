@@ -11,6 +11,7 @@ from numpyro.infer import MCMC
 
 import numpyro_sg as nsg
 import numpyro_sg.kernels.gradient as gradient_module
+from numpyro_sg.diagnostics.model_scores import ModelScores
 
 
 def logistic_model(X, y=None):
@@ -48,9 +49,10 @@ def test_a_second_run_reuses_the_warmup_and_reset_warmup_forces_a_new_one(monkey
     assert len(calls) == 3
 
 
-def test_the_sampling_step_holds_no_host_callback():
-    """A host callback in NumPyro's loop keeps it out of JAX's persistent compilation cache: the
-    step of every kernel must have none (the divergence report comes after the run)."""
+def test_the_sampling_step_holds_no_host_callback_but_the_run_clock():
+    """A host callback in NumPyro's loop keeps it out of JAX's persistent compilation cache: with
+    that cache on, the step of every kernel has none (the divergence report comes after the
+    run); without it, the only one is the run clock's stamp (under ``lax.cond``)."""
     for path in pathlib.Path(nsg.__file__).parent.joinpath("kernels").rglob("*.py"):
         text = path.read_text()
         for name in ("jax.debug", "io_callback", "pure_callback"):
@@ -59,5 +61,31 @@ def test_the_sampling_step_holds_no_host_callback():
     kernel = nsg.SGLD(logistic_model)
     state = kernel.init(jax.random.PRNGKey(0), 10, None, (X, y), {})
     jaxpr = str(jax.make_jaxpr(lambda s: kernel.sample(s, (X, y), {}))(state))
+    assert jaxpr.count("callback=") == 1 and "cond[" in jaxpr
+    previous = jax.config.jax_compilation_cache_dir
+    try:  # (tracing only: nothing is compiled, so the cache itself is never opened)
+        jax.config.update("jax_compilation_cache_dir", "/nonexistent-cache-dir")
+        jaxpr = str(jax.make_jaxpr(lambda s: kernel.sample(s, (X, y), {}))(state))
+    finally:
+        jax.config.update("jax_compilation_cache_dir", previous)
     assert "callback" not in jaxpr
     assert int(jnp.asarray(state.guard.diverged_at)) == -1
+
+
+def test_a_second_conversion_of_the_same_model_compiles_nothing():
+    """The full-data score programs are shared by every ModelScores of one model, plates and
+    sites: a second ``to_inference_data`` compiles nothing; other data sizes get their own."""
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **kw: compiles.append(1) if event.endswith("backend_compile_duration") else None)
+    X, y = _data()
+    scores = [ModelScores(logistic_model, (X, y)) for _ in range(2)]
+    theta = np.array([[0.1, 0.2, 0.3]])
+    first = scores[0].score(theta)
+    before = len(compiles)
+    np.testing.assert_array_equal(scores[1].score(theta), first)
+    assert len(compiles) == before
+    X2, y2 = _data(n=700)
+    expected = X2.T @ (y2 - 1 / (1 + np.exp(-X2 @ theta[0]))) - theta[0]
+    np.testing.assert_allclose(ModelScores(logistic_model, (X2, y2)).score(theta)[0],
+                               expected, rtol=1e-3)

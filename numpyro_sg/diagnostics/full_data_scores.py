@@ -59,14 +59,19 @@ def full_data_model(model, model_args=(), model_kwargs=None):
     >>> handlers.trace(handlers.seed(model, 0)).get_trace(X, y, 50)["y"]["value"].shape
     (500,)
     """
+    return _full_data_and_plates(model, model_args, model_kwargs)[0]
+
+
+def _full_data_and_plates(model, model_args, model_kwargs):
+    """(:func:`full_data_model`, its subsample plates (``()`` when none))."""
     model_kwargs = {} if model_kwargs is None else model_kwargs
     try:
         plates = discover_plates(model, model_args, model_kwargs, check_data=False)
     except ValueError as err:
         if "subsample plate" not in str(err):
             raise
-        return model
-    return full_data(model, plates)
+        return model, ()
+    return full_data(model, plates), tuple(plates)
 
 
 
@@ -103,7 +108,7 @@ class ModelScores:
     def __init__(self, model: Callable, model_args=(), model_kwargs=None, block_size: int = 64):
         self.model_args = tuple(model_args)
         self.model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
-        self.model = full_data_model(model, self.model_args, self.model_kwargs)
+        self.model, plates = _full_data_and_plates(model, self.model_args, self.model_kwargs)
         self.block_size = int(block_size)
         self._programs = {}  # (function, row shapes and dtypes) → (rows per block, program)
         sites = self._static_sites()
@@ -118,11 +123,18 @@ class ModelScores:
         self.dim = int(flat.size)
         self.coordinate_names, self.coordinate_sites = _flat_names(example)
         # vmap over a block's draws, or lax.map where jaxlib's LAPACK could deadlock (lapack_guard);
-        # the data are arguments, never constants (large data; arrays spanning several processes)
+        # the data are arguments, never constants (large data; arrays spanning several processes);
+        # the programs are shared by every ModelScores of the same model, plates and sites (a
+        # second conversion of a run on the same model compiles nothing new)
+        key = ("model_scores", model, plates, tuple((n, sites[n]["shape"], sites[n]["unconstrained_shape"])
+                                                    for n in self.continuous_sites), tuple(self.discrete_sites))
+        full, names, unravel = self.model, tuple(self.continuous_sites), self._unravel  # (no self: no data)
         self._unconstrain_block = jit_with_data(lambda c, d, a, k: map_over_draws(
-            lambda cc, dd: self._unconstrain_one(cc, dd, a, k), c, d), self.model_args, self.model_kwargs)
+            lambda cc, dd: _unconstrain_one(full, names, cc, dd, a, k), c, d), self.model_args, self.model_kwargs,
+            key=key + ("unconstrain",))
         self._score_block = jit_with_data(lambda b, d, a, k: map_over_draws(
-            lambda bb, dd: self._score_one(bb["x"], dd, a, k), b, d), self.model_args, self.model_kwargs)
+            lambda bb, dd: _score_one(full, unravel, bb["x"], dd, a, k), b, d), self.model_args, self.model_kwargs,
+            key=key + ("score",))
 
     def _static_sites(self):
         """Name → {shape, discrete, unconstrained_shape} of every latent sample site (one cheap trace)."""
@@ -183,24 +195,7 @@ class ModelScores:
         continuous, discrete = self.split(samples)
         return self._blocked(self._unconstrain_block, continuous, discrete)
 
-    def _unconstrain_one(self, constrained, discrete, model_args, model_kwargs):
-        """Flat unconstrained point of one draw (dependent supports handled by NumPyro)."""
-        model = handlers.substitute(self.model, data=discrete) if discrete else self.model
-        with warnings.catch_warnings():  # NumPyro's notice about enumerating discrete sites
-            warnings.filterwarnings("ignore", "Some algorithms will automatically enumerate")
-            z = unconstrain_fn(model, model_args, model_kwargs, constrained)
-        return ravel_pytree({n: z[n] for n in self.continuous_sites})[0]
-
     # -- scores ----------------------------------------------------------------------------
-    def _score_one(self, flat, discrete, model_args, model_kwargs):
-        """One draw's score ∇ log π (dim,) and log π, as one row (dim + 1,): the log density comes
-        free with its gradient, and one program gives both."""
-        model = handlers.substitute(self.model, data=discrete) if discrete else self.model
-        value, grad = jax.value_and_grad(
-            lambda x: -potential_energy(model, model_args, model_kwargs, self._unravel(x))
-        )(flat)
-        return jnp.append(grad, value)
-
     def score(self, x: np.ndarray, discrete: dict | None = None) -> np.ndarray:
         """Full-data scores ∇ log π (S, dim) at unconstrained points ``x`` (S, dim).
 
@@ -230,7 +225,7 @@ class ModelScores:
                 f"the model has discrete latent sites {self.discrete_sites}; a single score "
                 "function of the continuous coordinates is not defined."
             )
-        return lambda flat: self._score_one(flat, {}, self.model_args, self.model_kwargs)[:-1]
+        return lambda flat: _score_one(self.model, self._unravel, flat, {}, self.model_args, self.model_kwargs)[:-1]
 
     def _blocked(self, fn, batched: dict, discrete: dict):
         """``fn(batched, discrete)`` (vmapped) over rows, a block of rows at a time
@@ -260,6 +255,24 @@ class ModelScores:
                 program, _ = fn.compile(*_padded_block(arrays, 0, 1, size))
             self._programs[key] = (size, program)
         return self._programs[key]
+
+
+def _unconstrain_one(full_model, continuous_sites, constrained, discrete, model_args, model_kwargs):
+    """Flat unconstrained point of one draw (dependent supports handled by NumPyro)."""
+    model = handlers.substitute(full_model, data=discrete) if discrete else full_model
+    with warnings.catch_warnings():  # NumPyro's notice about enumerating discrete sites
+        warnings.filterwarnings("ignore", "Some algorithms will automatically enumerate")
+        z = unconstrain_fn(model, model_args, model_kwargs, constrained)
+    return ravel_pytree({n: z[n] for n in continuous_sites})[0]
+
+
+def _score_one(full_model, unravel, flat, discrete, model_args, model_kwargs):
+    """One draw's score ∇ log π (dim,) and log π, as one row (dim + 1,): the log density comes
+    free with its gradient, and one program gives both."""
+    model = handlers.substitute(full_model, data=discrete) if discrete else full_model
+    value, grad = jax.value_and_grad(
+        lambda x: -potential_energy(model, model_args, model_kwargs, unravel(x)))(flat)
+    return jnp.append(grad, value)
 
 
 def _padded_block(arrays: dict, start: int, stop: int, size: int):
