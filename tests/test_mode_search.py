@@ -95,6 +95,20 @@ def test_mode_search_finds_well_separated_mixture_components():
     fit, _, unravel = fit_model_mode(model, (_mixture_data(seed=seed, centers=centers,
                                                            weights=weights),))
     np.testing.assert_allclose(_means(fit, unravel), centers, atol=0.1)
+    assert len(fit.start_log_densities) == 32  # indefinite curvature at its starts: every round
+
+
+def test_a_glm_settles_after_one_round_of_starts():
+    """A logistic regression's log posterior is concave everywhere: the first round's eight
+    starts show it (−H positive definite at each), and the other three rounds are skipped."""
+    from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
+
+    X, y, _ = simulate_logistic_regression(num_data=2000, dim=5)
+    fit, _, unravel = fit_model_mode(logistic_regression_model, (X, y))
+    assert len(fit.start_log_densities) == 8 and fit.converged
+    every, _, _ = fit_model_mode(logistic_regression_model, (X, y), options=WarmupOptions(settle_early=False))
+    assert len(every.start_log_densities) == 32
+    np.testing.assert_allclose(fit.mode, every.mode, atol=1e-3 * float(np.max(fit.scales)) + 1e-4)
 
 
 @pytest.mark.slow

@@ -32,7 +32,7 @@ from numpyro.infer import init_to_sample
 from numpyro_sg.infer.curvature import local_modes_below, predicted_ascent
 from numpyro_sg.infer.model_info import ModelInfo, improper_to_uniform, trace_model
 
-__all__ = ["prior_or_uniform", "start_candidates", "flat_prior_draws", "explore_starts", "first_ends_settled",
+__all__ = ["prior_or_uniform", "start_candidates", "flat_prior_draws", "explore_starts", "first_round_concave",
            "start_ascents", "usual_start", "break_symmetry"]
 
 
@@ -143,15 +143,15 @@ def padded_rows(rows, size: int):
 def explore_starts(starts, ascend, values_at, key, width: int, settled=None):
     """Adam ascents from the starts, ``width`` at a time (rounds), and the full-data log density
     at their ends.  With ``settled``, the rounds after the first run only when it says the first
-    round's ends do not agree (:func:`first_ends_settled`).
+    round's starts and ends do not show a log-concave posterior (:func:`first_round_concave`).
 
     :param starts: ``(first round's starts, function giving the others)`` (:func:`start_candidates`).
     :param ascend: ``(xs, keys) -> xs``, Adam on mini-batches from each row of xs (k, d) with
         k = ``width``: every call has one shape, and compiles once.
     :param values_at: ``xs -> (log π, ∇ log π)`` at each row of xs (k, d), over all the data.
     :param key: key of the mini-batches.
-    :param settled: ``(values, grads, ends) -> bool`` of the first round's ends, or ``None``
-        (every round runs).
+    :param settled: ``(starts, values) -> bool`` of the first round, or ``None`` (every round
+        runs).
     :return: ``(log densities of the S' ≤ S end points (non-finite: -inf), their full-data
         gradients (S', d), the end points (S', d))``.
     """
@@ -167,22 +167,24 @@ def explore_starts(starts, ascend, values_at, key, width: int, settled=None):
         values.append(np.where(ok, v, -np.inf))
         grads.append(np.where(ok[:, None], g, np.inf))
         ends.append(x)
-        if lo == 0 and not (settled is not None and settled(values[0], grads[0], ends[0])):
+        if lo == 0 and not (settled is not None and settled(chunk, values[0])):
             rest = others()
             batches = [rest[i:i + width] for i in range(0, len(rest), width)]
     return np.concatenate(values), np.concatenate(grads), np.concatenate(ends)
 
 
-def first_ends_settled(values, grads, ends, curvature_many, gap: float) -> bool:
-    """True when the first starts' ends agree: all finite, and none in a local mode more than
-    ``gap`` nats below the best (:func:`~numpyro_sg.infer.curvature.local_modes_below`, with
-    :func:`start_ascents`; an end still climbing is no evidence of another mode)."""
-    values = np.asarray(values, np.float64)
-    if not np.all(np.isfinite(values)):
+def first_round_concave(starts, values, curvature_many) -> bool:
+    """True when the first round shows a log-concave posterior as far as it can tell: every end
+    finite, and −H positive definite at every start (full Hessians, up to
+    :data:`EXACT_ASCENT_MAX` coordinates).  A GLM's starts then all climb to its one mode and
+    the other rounds are skipped; a mixture's dispersed starts meet indefinite curvature (two
+    components pulling one mean apart), and every round runs.  Agreement of the first ends
+    alone is no such evidence: on a three-component mixture four starts all climbed to the same
+    merged mode."""
+    starts = np.asarray(starts)
+    if not np.all(np.isfinite(values)) or starts.shape[1] > EXACT_ASCENT_MAX:
         return False
-    best = float(np.max(values))
-    ascents = start_ascents(values, grads, ends, curvature_many, best, gap)
-    return not np.any(local_modes_below(best, values, ascents, gap))
+    return all(bool(np.all(np.linalg.eigvalsh(np.asarray(h, np.float64)) > 0)) for h in curvature_many(starts))
 
 
 def best_ends(values, ends, k: int):

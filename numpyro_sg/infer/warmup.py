@@ -60,7 +60,7 @@ from numpyro_sg.infer.laplace import NewtonResult, damped_newton, log_density_no
 from numpyro_sg.infer.minibatch import Anchor, Minibatcher
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
 from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, best_ends, break_symmetry, explore_starts,
-                                         first_ends_settled, flat_prior_draws, padded_rows, start_ascents,
+                                         first_round_concave, flat_prior_draws, padded_rows, start_ascents,
                                          start_candidates, usual_start)
 from numpyro_sg.infer.plates import subsample_plates
 from numpyro_sg.infer.programs import placement_key, tree_signature
@@ -349,8 +349,8 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         starts = start_candidates(x, info, partial(programs.prior_draws, info.model), options.num_starts, width,
                                   random.fold_in(key_opt, 3))
         small = options.start_batches(d, batches)
-        settled = partial(first_ends_settled, curvature_many=lambda ys: programs.curvatures(ys, key_probe),
-                          gap=options.multimodal_gap) if options.settle_early else None
+        settled = partial(first_round_concave, curvature_many=lambda ys: programs.curvatures(ys, key_probe)
+                          ) if options.settle_early else None
         values, grads, ends = explore_starts(
             starts, lambda xs, keys: programs.adam_many(xs, keys, options.start_steps,
                                                         options.start_learning_rate, small),

@@ -96,12 +96,11 @@ class WarmupOptions:
     :param int starts_per_round: starts run at a time, by one compiled program of this width
         (default 8); the main Adam phase continues this many best end points in the same
         program and keeps the best.
-    :param bool settle_early: stop after the first round when its ends agree — none in a
-        local mode more than ``multimodal_gap`` nats below the best, none non-finite — which
-        settles a log-concave posterior (a GLM) with ``starts_per_round`` starts.  Off by
-        default: on a three-component mixture (components at 2, 6 and 10) the first round of
-        four starts all climbed towards the same merged mode and the search stopped there; use
-        it only on posteriors known to have one mode.
+    :param bool settle_early: stop after the first round when it shows a log-concave
+        posterior — every end finite and −H positive definite at every start
+        (:func:`~numpyro_sg.infer.multistart.first_round_concave`, up to 64 coordinates) — as
+        a GLM's does (default ``True``): its starts all climb to its one mode.  A mixture's
+        dispersed starts meet indefinite curvature and every round runs.
     :param int start_steps: Adam steps per start (default 200).
     :param int start_batch_size: their mini-batch size (at most the plate's n); default: the
         main phase's up to ``dense_max`` coordinates (then both phases share one compiled
@@ -151,7 +150,7 @@ class WarmupOptions:
     noise_points: int = 4
     num_starts: int | None = None
     starts_per_round: int = 8
-    settle_early: bool = False
+    settle_early: bool = True
     start_steps: int = 200
     start_batch_size: int | None = None
     start_learning_rate: float = 0.2

@@ -24,8 +24,9 @@ Choices made here (each measured and documented in ``docs/tuning.md``):
   delete-a-block jackknife over contiguous blocks of the draws (Künsch (1989), "The jackknife
   and the bootstrap for general stationary observations"), which holds when the thinning
   leaves autocorrelation.  Arms whose scores are within twice their combined se of the best
-  remaining one do not differ detectably in bias; of those, the mixed arm with the most
-  effective draws per second goes first (:func:`~numpyro_sg.tuning.scoring.ranked`).
+  remaining one do not differ detectably in bias; of those no riskier than it (a step size no
+  larger, a subsample no smaller), the mixed arm with the most effective draws per second goes
+  first (:func:`~numpyro_sg.tuning.scoring.ranked`): noise is no reason to take on bias.
   ``criterion="plain"`` is the paper's KSD (V-statistic of all thinned draws), the kernel
   Stein discrepancy of Gorham & Mackey (2017), "Measuring sample quality with kernels".
 * **Scores from mini-batches.**  KSD needs ∇ log π at each scored draw; with the full data

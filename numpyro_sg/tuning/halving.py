@@ -105,7 +105,7 @@ class _Rounds:
         live = [b for b in self.batches if any(a in self.alive for a in b.arm_ids)]
         iterations = self.run_chains(rnd, live)
         self.score(live)
-        order = ranked(self.alive, self.results, self.charged)
+        order = ranked(self.alive, self.results, self.charged, self.arms)
         survivors = order[: max(len(self.alive) // self.eta, 1)] if self.halving else order[:1]
         self.record(rnd, iterations, survivors)
         self.alive = survivors

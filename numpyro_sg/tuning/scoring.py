@@ -24,7 +24,7 @@ from numpyro_sg.diagnostics.ksd import ksd, ksd_u_statistic, signed_sqrt
 from numpyro_sg.diagnostics.model_scores import ModelScores
 from numpyro_sg.infer.minibatch import Anchor
 
-__all__ = ["MIN_ESS", "NUM_BLOCKS", "Scorer", "pooled", "num_draws", "unscored", "even_indices", "ranked"]
+__all__ = ["MIN_ESS", "NUM_BLOCKS", "Scorer", "pooled", "num_draws", "unscored", "even_indices", "ranked", "no_riskier"]
 
 #: arms with fewer effective draws than this are reported as not mixed (``rounds["mixed"]``)
 MIN_ESS = 20
@@ -226,32 +226,64 @@ def even_indices(num: int, at_most: int | None) -> np.ndarray:
 
 
 
-def ranked(arms, results: dict, seconds) -> list:
-    """``arms`` best first: by score, except that among arms whose scores are within noise
-    the faster-mixing one goes first.
+def no_riskier(b: dict, a: dict) -> bool:
+    """True when arm settings ``b`` are at least as conservative as ``a``: a step size no larger,
+    a subsample no smaller (per plate for a dict), every other setting equal.  Arms differing
+    in anything else cannot be ordered by their bias, and are not."""
+    for key in set(a) | set(b):
+        va, vb = a.get(key), b.get(key)
+        if key == "step_size" and va is not None and vb is not None:
+            ok = bool(np.all(np.asarray(vb, float) <= np.asarray(va, float)))
+        elif key == "subsample_size" and isinstance(va, dict) and isinstance(vb, dict):
+            ok = va.keys() == vb.keys() and all(vb[k] >= va[k] for k in va)
+        elif key == "subsample_size" and isinstance(va, (int, np.integer)) and isinstance(vb, (int, np.integer)):
+            ok = vb >= va
+        else:
+            ok = va is vb or (np.shape(va) == np.shape(vb) and bool(np.all(np.asarray(va == vb))))
+        if not ok:
+            return False
+    return True
 
-    Repeatedly, of the arms not yet placed, take the one with the lowest score a; the
+
+def ranked(arms, results: dict, seconds, settings=None) -> list:
+    """``arms`` best first: by score, except that among arms whose scores are within noise
+    the faster-mixing of those no riskier than the best goes first.
+
+    Repeatedly, of the arms not yet placed, take the one with the lowest score a (when a is not
+    mixed and mixed arms lie within its noise, the best-scoring of those instead); the
     candidates are the mixed arms b (ESS ≥ :data:`MIN_ESS`) with
-    score_b − score_a < 2·√(se_a² + se_b²) (a itself included); place the candidate with the
-    most effective draws per second of chain time (ESS/``seconds[b]``), or a when there is
-    none.  Scores that differ by less than twice their combined standard error do not tell
-    the arms' biases apart, and then the arm that mixes faster gives more accuracy per second
+    score_b − score_a < 2·√(se_a² + se_b²) (a itself included) that are no riskier than a
+    (:func:`no_riskier`: a step size no larger, a subsample no smaller); place the candidate
+    with the most effective draws per second of chain time (ESS/``seconds[b]``), or a when
+    there is none.  Scores that differ by less than twice their combined standard error do not
+    tell the arms' biases apart; then the arm that mixes faster gives more accuracy per second
     (the criterion of equal-time comparisons in Coullon, South & Nemeth (2023), "Efficient and
-    generalizable tuning strategies for stochastic gradient MCMC").  Ties on everything go
-    to the lower arm index.
+    generalizable tuning strategies for stochastic gradient MCMC"), but noise is no evidence
+    for taking on more bias: a larger step or a smaller subsample than the best-scoring arm's
+    is never picked on a tie (a noisy score once handed the pick to the fastest, most biased
+    arm of a grid).  Ties on everything go to the lower arm index.
 
     :param arms: arm indices.
     :param dict results: ``{arm: score dict}`` (``score``, ``se``, ``ess``, ``mixed``).
     :param seconds: chain seconds charged to each arm, indexable by arm.
+    :param settings: each arm's settings (``{arm: dict}`` or a list), for :func:`no_riskier`;
+        ``None``: every arm counts as no riskier (the ESS-per-second rule alone).
     """
     left = sorted(arms, key=lambda a: (results[a]["score"], a))
+
+    def within_noise(a):  # the mixed arms whose scores do not differ detectably from a's
+        noise_a = results[a]["se"] if np.isfinite(results[a]["se"]) else 0.0
+        return [b for b in left if results[b]["mixed"] and np.isfinite(results[b]["score"])
+                and np.isfinite(results[b]["se"])
+                and results[b]["score"] - results[a]["score"] < 2.0 * math.hypot(noise_a, results[b]["se"])]
+
     order = []
     while left:
-        a = left[0]
-        noise_a = results[a]["se"] if np.isfinite(results[a]["se"]) else 0.0
-        close = [b for b in left if results[b]["mixed"] and np.isfinite(results[b]["score"])
-                 and np.isfinite(results[b]["se"])
-                 and results[b]["score"] - results[a]["score"] < 2.0 * math.hypot(noise_a, results[b]["se"])]
+        a, close = left[0], within_noise(left[0])
+        if close and not results[a]["mixed"]:  # an unmixed best: the best mixed arm within its noise leads
+            a = close[0]
+            close = within_noise(a)
+        close = [b for b in close if settings is None or no_riskier(settings[b], settings[a])]
         pick = max(close, key=lambda b: (results[b]["ess"] / max(seconds[b], 1e-9), -b)) if close else a
         order.append(pick)
         left.remove(pick)
