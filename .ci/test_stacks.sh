@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The test suite on both supported stacks; fails if either fails.
 #
-# 1. pinned stack: the active Python (3.10/3.11; JAX 0.10, ArviZ 0.x), the full default suite
-#    (-m "not slow"), docs build included.
+# 1. pinned stack: the active Python (3.10/3.11; JAX 0.10, ArviZ 0.x), the test suite less the
+#    validation suite (-m "not slow and not heavy"), docs build included.
 # 2. current stack: a virtual environment (.venv-current) built from Python 3.12 (else 3.13; pyenv's,
 #    else one on PATH) with `pip install -e ".[test]"` and no version constraints (today's JAX,
-#    NumPyro, ArviZ 1.x), the default suite less the heavy statistical runs
-#    (-m "not slow and not heavy"; they run once, on the pinned stack).
+#    NumPyro, ArviZ 1.x), what differs between the stacks and a sample of the statistical tests
+#    (-m "stacks and not slow and not heavy": tests/conftest.py, CURRENT_STACK).
+#
+# The statistical validation suite (-m "slow or heavy") is .ci/validate.
 #
 # Environment: PYTHON (the pinned stack's interpreter, default `python`), NSG_CURRENT_PYTHON
 # (the current stack's interpreter, default: found as above), NSG_REQUIRE_BOTH_STACKS=1 (fail,
@@ -38,7 +40,7 @@ run_pinned() {
     echo "=== pinned stack: $($PYTHON --version 2>&1) ==="
     if [[ "${NSG_NO_INSTALL:-0}" != 1 ]]; then $PYTHON -m pip install -q -e ".[test,docs]" || return 1; fi
     $PYTHON -c "import jax, numpyro, arviz; print('jax', jax.__version__, '| numpyro', numpyro.__version__, '| arviz', arviz.__version__)"
-    $PYTHON -m pytest -q -m "not slow" -p no:cacheprovider --durations=25
+    $PYTHON -m pytest -q -m "not slow and not heavy" -p no:cacheprovider --durations=25
 }
 
 run_current() {
@@ -55,7 +57,7 @@ run_current() {
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1
     "$VENV/bin/python" -m pip install -q --upgrade --upgrade-strategy eager -e ".[test]" || return 1
     "$VENV/bin/python" -c "import jax, numpyro, arviz; print('jax', jax.__version__, '| numpyro', numpyro.__version__, '| arviz', arviz.__version__)"
-    "$VENV/bin/python" -m pytest -q -m "not slow and not heavy" -p no:cacheprovider --durations=25
+    "$VENV/bin/python" -m pytest -q -m "stacks and not slow and not heavy" -p no:cacheprovider --durations=25
 }
 
 start=$SECONDS

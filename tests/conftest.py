@@ -79,10 +79,10 @@ def linear_data():
     return X, y
 
 
-#: the longest statistical tests of the default suite (10–45 s each on CI's 2 cores): marked
-#: ``heavy``, so that .ci/test_stacks.sh runs them on the pinned stack only (-m "not heavy" on
-#: the current stack).  A test id without brackets marks every parametrisation of it; one
-#: with brackets, that parametrisation.
+#: the validation suite's statistical tests (``.ci/validate`` runs them with the ``slow`` ones;
+#: the test command leaves both out): the longest statistical runs, the docs pages' code blocks
+#: and the example scripts, 10–140 s each on CI's 2 cores.  A test id without brackets marks
+#: every parametrisation of it; one with brackets, that parametrisation.
 HEAVY = (
     "tests/test_conjugate.py::test_recovers_gaussian_posterior",
     "tests/test_cyclical.py::test_recovers_the_gaussian_posterior",
@@ -90,34 +90,98 @@ HEAVY = (
     "tests/test_highdim.py::test_bpmf_small_sgld_reaches_information_bound",
     "tests/test_highdim.py::test_sparse_ratings_minibatch_stiffness_keeps_the_defaults_stable",
     "tests/test_ksd_var_names.py::test_diagnostics_of_chosen_sites_at_fifty_thousand_parameters",
-    # the current stack keeps the local-latent state, draws and netCDF round trip
+    "tests/test_ksd_var_names.py::test_a_run_of_chosen_sites_compares_with_a_full_reference",
     "tests/test_local_latents.py::test_the_control_variate_anchor_is_computed_with_many_draws",
     "tests/test_local_latents.py::test_compare_to_reference_puts_both_ksds_on_the_globals_marginal",
     "tests/test_local_latents.py::test_a_kernel_accepts_the_users_marginalize_locals",
+    "tests/test_local_latents.py::test_local_draws_of_chosen_groups_follow_their_conditional_and_round_trip",
+    "tests/test_local_latents.py::test_nuts_reference_runs_on_the_joint_model_and_refuses_an_unaffordable_one",
+    "tests/test_local_latents.py::test_gaussian_locals_give_the_exact_marginal_gradient_float64",
+    "tests/test_local_latents.py::test_sampled_locals_give_the_exact_gradient_on_gaussian_locals[importance]",
     "tests/test_mode_search.py::test_starts_stopped_on_a_slope_are_not_called_local_modes",
-    # the two longest pages (the current stack runs the others)
-    "tests/test_docs_snippets.py::test_page_code_runs[docs/local_latents.md]",
-    "tests/test_docs_snippets.py::test_page_code_runs[docs/big_data.md]",
+    "tests/test_mode_search.py::test_starts_on_a_ridge_of_a_unimodal_mixed_model_are_not_called_local_modes",
+    "tests/test_mode_search.py::test_variational_centre_sits_in_the_bulk_where_the_joint_mode_collapses",
+    # the docs pages' code blocks (the docs build itself stays in the test command)
+    "tests/test_docs_snippets.py::test_page_code_runs",
     "numpyro_sg/datasets/bpmf.py::numpyro_sg.datasets.bpmf.hierarchical_bpmf_model",
     "tests/test_readme.py::test_readme_use_snippet_converges_against_nuts",
-    # the communication pattern on 4 forced host devices (the current stack keeps the API checks:
-    # the clear errors, a two-axis mesh, a mesh of one device)
+    # the example scripts and the demo, end to end
+    "tests/test_kernels.py::test_demo_runs",
+    "tests/test_kernels.py::test_example_script_runs",
+    "tests/test_reference.py::test_diagnostics_example_runs",
+    "tests/test_tuning.py::test_tuning_example_runs",
+    # chain methods agree: SGLD's case stays in the test command, the other kernels' run here
+    "tests/test_kernels.py::test_chain_methods_agree[sgld-corrected]",
+    "tests/test_kernels.py::test_chain_methods_agree[sgbd]",
+    "tests/test_kernels.py::test_chain_methods_agree[sgbd-adaptive]",
+    "tests/test_kernels.py::test_chain_methods_agree[sgnht]",
+    "tests/test_kernels.py::test_chain_methods_agree[baoab]",
+    # the communication pattern on 4 forced host devices (the test command keeps the API checks:
+    # the clear errors and a two-axis mesh)
     "tests/test_sharding.py::test_stratified_estimator_is_unbiased_and_no_noisier_than_simple_random_sampling",
     "tests/test_sharding.py::test_the_diagonal_warmup_runs_shard_locally",
     "tests/test_sharding.py::test_esgld_runs_shard_locally_with_the_same_sums",
     "tests/test_sharding.py::test_sparse_async_runs_shard_locally_with_the_same_sums",
+    "tests/test_sharding.py::test_the_recipe_runs_on_a_mesh_of_one_device",
     "tests/test_sparse_async.py::test_async_relative_error_close_to_exact",
     "tests/test_sparse_async.py::test_default_async_update_gives_the_posterior_inclusion",
     "tests/test_sparse_async.py::test_exact_matches_enumeration_gaussian_draw",
     "tests/test_sparse_async.py::test_sgld_variant_fast_and_dense_agree_and_chain_methods",
+    "tests/test_sparse_async.py::test_sgld_and_mala_on_logistic",
     "tests/test_tuning.py::test_best_params_reproduce_the_tuned_accuracy_under_mcmc",
     "tests/test_tuning.py::test_mamba_finds_planted_arm_within_budget",
-    "tests/test_tuning.py::test_tuning_example_runs",
+    "tests/test_tuning.py::test_one_round_warns_and_grid_search_takes_a_metric",
+    "tests/test_tuning.py::test_mamba_tunes_esgld_with_its_defaults_for_any_factory_form",
+    "tests/test_tuning.py::test_tuners_run_the_spike_and_slab_kernels",
+    "tests/test_tuning.py::test_fssd_metric_and_unvectorised_arms",
     "tests/test_warmup.py::test_defaults_match_nuts",
+    "tests/test_reference.py::test_a_reference_started_at_the_warmups_mode_finds_the_mixtures_components",
 )
+
+#: what the current stack (Python 3.12/3.13, today's JAX, NumPyro and ArviZ 1.x) runs of the test
+#: command: what differs between the stacks — ArviZ's run object and netCDF, plots, the kernels'
+#: API and compiled programs on the newer JAX, LAPACK's thread pool, sharding's errors, Parquet
+#: — and a sample of the statistical tests; everything else runs once, on the pinned stack.
+#: Module paths mark every test of the module.
+CURRENT_STACK = (
+    "tests/test_arviz.py", "tests/test_arviz_compat.py", "tests/test_reference.py",
+    "tests/test_docs_figures.py", "tests/test_skeleton.py", "tests/test_architecture.py",
+    "tests/test_programs.py", "tests/test_lapack_guard.py", "tests/test_disk_rows.py",
+    "tests/test_sharding.py::test_clear_errors_and_a_two_axis_mesh",
+    "numpyro_sg/arviz_compat.py", "numpyro_sg/results/",
+    # the statistical sample: one kernel of each family against its exact posterior
+    "tests/test_warmup.py::test_defaults_recover_a_gaussian_posterior",
+    "tests/test_sghmc.py::test_defaults_recover_a_gaussian_posterior",
+    "tests/test_esgld.py::test_inclusion_matches_exact_enumeration",
+    "tests/test_local_latents.py::test_sampled_locals_give_the_exact_gradient_on_gaussian_locals",
+)
+
+#: default tests allowed over 30 s on CI's 2 cores, each with its reason (none today: the
+#: longest, 25 s, is the sharding API's error checks, which build four meshes)
+LONG_DEFAULT_TESTS: dict = {}
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in HEAVY or item.nodeid.split("[")[0] in HEAVY:
             item.add_marker(pytest.mark.heavy)
+        if any(item.nodeid == c or item.nodeid.split("[")[0] == c or item.nodeid.startswith(c.rstrip("/") + ("/" if c.endswith("/") else "::"))
+               for c in CURRENT_STACK):
+            item.add_marker(pytest.mark.stacks)
+
+
+_long = []
+
+
+def pytest_runtest_logreport(report):
+    """Note default tests whose call ran over 30 s (not failing: the time depends on the machine)."""
+    if report.when == "call" and report.duration > 30 and report.nodeid not in LONG_DEFAULT_TESTS \
+            and "heavy" not in report.keywords and "slow" not in report.keywords:
+        _long.append((report.nodeid, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _long:
+        terminalreporter.write_sep("=", "default tests over 30 s (move them to HEAVY or LONG_DEFAULT_TESTS)")
+        for nodeid, seconds in _long:
+            terminalreporter.write_line(f"{seconds:6.1f} s  {nodeid}")

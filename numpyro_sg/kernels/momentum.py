@@ -33,7 +33,7 @@ with the new momentum (Chen et al.'s Algorithm 2 and eq. (15); Ding et al.'s Alg
   makes the position variance exact on every Gaussian target whatever the gradient noise,
   up to the thermostat's own fluctuations (Var(ζ) ≈ η/d shrinks the variance by about that).
 
-Defaults (Laplace preconditioner, control variates): SGHMC ε = 1, α = 0.5; SGNHT
+Defaults (Laplace preconditioner, control variates): SGHMC ε = 0.35, α = 0.5; SGNHT
 ε = min(1, 0.05·d), a = 0.2 (measured choices: docs/kernels.md).
 
 **Discretisation.**  For a Gaussian target whitened by M (the Laplace preconditioner at its

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
 
+from numpyro_sg.infer.run_clock import RunClock
 from numpyro_sg.kernels.data_cache import PerDataCache
 
 __all__ = ["MAX_CHUNK", "Batch", "vectorisable", "make_batches"]
@@ -33,6 +34,8 @@ def _same(a, b) -> bool:
         return True
     if isinstance(a, PerDataCache) and isinstance(b, PerDataCache):  # a kernel's warmup cache
         return _same(a.value, b.value)
+    if isinstance(a, RunClock) and isinstance(b, RunClock):  # wall-time stamps, no setting
+        return True
     try:
         if isinstance(a, (np.ndarray, jnp.ndarray)) or isinstance(b, (np.ndarray, jnp.ndarray)):
             return np.shape(a) == np.shape(b) and bool(np.all(np.asarray(a) == np.asarray(b)))
