@@ -29,7 +29,7 @@ from jax import random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer import init_to_sample
 
-from numpyro_sg.infer.curvature import local_modes_below, predicted_ascent
+from numpyro_sg.infer.curvature import predicted_ascent
 from numpyro_sg.infer.model_info import ModelInfo, improper_to_uniform, trace_model
 
 __all__ = ["prior_or_uniform", "start_candidates", "flat_prior_draws", "explore_starts", "first_round_concave",
