@@ -15,8 +15,10 @@ vectorised program, the main phase's too):
   prior, which has no draw);
 
 and keeps the end points with the highest full-data log density (one batched pass over the
-data per round, in chunks), from which the main Adam phase and the Newton refinement continue.  The
-end points' log densities are returned too: the kernels warn when some starts ended in modes
+data per round, in chunks), from which the main Adam phase and the Newton refinement continue.
+The rounds after the first run only when it does not show a log-concave posterior
+(:func:`first_round_concave`): a GLM pays one round.  The end points' log densities are
+returned too: the kernels warn when some starts ended in modes
 clearly lower than the one kept (:meth:`~numpyro_sg.infer.warmup_options.ModeFit.multimodality`).
 """
 
