@@ -136,6 +136,19 @@ HEAVY = (
     "tests/test_tuning.py::test_fssd_metric_and_unvectorised_arms",
     "tests/test_warmup.py::test_defaults_match_nuts",
     "tests/test_reference.py::test_a_reference_started_at_the_warmups_mode_finds_the_mixtures_components",
+    # 7-12 s each on 2 cores, with a sibling in the test command that checks the same code path:
+    # chain methods (SGLD's case), the group noise estimate (the other two cases), SparseAsync's
+    # exactness (the one-update second-order case), an improper prior (SparseAsync's case, and
+    # the structure functions), the marginal model (the locals' detection test); and the PPMF
+    # model's smoke run (the high-dimensional runs above cover it)
+    "tests/test_kernels.py::test_chain_methods_agree[psgld]",
+    "tests/test_esgld.py::test_chain_methods_agree",
+    "tests/test_bpmf_speed.py::test_group_noise_sd_equals_group_estimators[True-True]",
+    "tests/test_sparse_async.py::test_exact_matches_enumeration_dense_mala",
+    "tests/test_spike_slab.py::test_kernels_run_with_an_improper_prior_on_an_unselected_site[ESGLD]",
+    "tests/test_mode_search.py::test_every_helper_works_on_an_improper_prior",
+    "tests/test_local_latents.py::test_the_kernel_state_holds_the_globals_only",
+    "tests/test_highdim.py::test_ppmf_model_runs",
 )
 
 #: what the current stack (Python 3.12/3.13, today's JAX, NumPyro and ArviZ 1.x) runs of the test

@@ -58,10 +58,23 @@ def exact(linear_data):
     return mean, np.sqrt(np.diag(cov))
 
 
+class _LazyDraws(dict):
+    """Each case's draws, run the first time a test asks for them (a test of two cases does not
+    pay for all six)."""
+
+    def __init__(self, data):
+        super().__init__()
+        self.data = data
+
+    def __missing__(self, name):
+        make, n, _ = CASES[name]
+        self[name] = _run(make, n, *self.data)
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def draws(linear_data):
-    X, y = linear_data
-    return {name: _run(make, n, X, y) for name, (make, n, _) in CASES.items()}
+    return _LazyDraws(linear_data)
 
 
 @pytest.mark.parametrize("name", list(CASES))
