@@ -14,12 +14,17 @@
 # (the current stack's interpreter, default: found as above), NSG_REQUIRE_BOTH_STACKS=1 (fail,
 # instead of warning, when no Python 3.12/3.13 is found), NSG_STACKS ("pinned current" by
 # default; "current" runs the current stack only), NSG_NO_INSTALL=1 (use the pinned stack as
-# installed, without `pip install`).
+# installed, without `pip install`), NSG_TEST_WORKERS (pytest-xdist workers, default `auto`: one per
+# core; 0: one process).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
 STACKS=${NSG_STACKS:-pinned current}
 VENV=.venv-current
+# pytest-xdist: one worker per core, each test file on one worker (its module fixtures shared);
+# NSG_TEST_WORKERS=0 runs in one process
+WORKERS="-n ${NSG_TEST_WORKERS:-auto} --dist loadfile"
+[[ "${NSG_TEST_WORKERS:-auto}" == 0 ]] && WORKERS="-p no:xdist"
 failed=()
 
 find_current_python() {
@@ -40,7 +45,7 @@ run_pinned() {
     echo "=== pinned stack: $($PYTHON --version 2>&1) ==="
     if [[ "${NSG_NO_INSTALL:-0}" != 1 ]]; then $PYTHON -m pip install -q -e ".[test,docs]" || return 1; fi
     $PYTHON -c "import jax, numpyro, arviz; print('jax', jax.__version__, '| numpyro', numpyro.__version__, '| arviz', arviz.__version__)"
-    $PYTHON -m pytest -q -m "not slow and not heavy" -p no:cacheprovider --durations=25
+    $PYTHON -m pytest -q -m "not slow and not heavy" -p no:cacheprovider --durations=25 $WORKERS
 }
 
 run_current() {
@@ -57,7 +62,7 @@ run_current() {
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1
     "$VENV/bin/python" -m pip install -q --upgrade --upgrade-strategy eager -e ".[test]" || return 1
     "$VENV/bin/python" -c "import jax, numpyro, arviz; print('jax', jax.__version__, '| numpyro', numpyro.__version__, '| arviz', arviz.__version__)"
-    "$VENV/bin/python" -m pytest -q -m "stacks and not slow and not heavy" -p no:cacheprovider --durations=25
+    "$VENV/bin/python" -m pytest -q -m "stacks and not slow and not heavy" -p no:cacheprovider --durations=25 $WORKERS
 }
 
 start=$SECONDS
