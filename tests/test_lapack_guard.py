@@ -13,7 +13,7 @@ import pytest
 from jax.scipy.linalg import solve_triangular
 
 from numpyro_sg.diagnostics.model_scores import ModelScores
-from numpyro_sg.infer.lapack_guard import map_over_draws, uses_lapack
+from numpyro_sg.infer.lapack_guard import lapack_pool_can_deadlock, map_over_draws, uses_lapack
 
 
 def test_uses_lapack_sees_linear_algebra_inside_transformations():
@@ -31,6 +31,27 @@ def test_map_over_draws_equals_vmap():
     x = jnp.asarray(rng.normal(size=(5, 3)), jnp.float32)
     for f in (lambda a, v: jnp.linalg.solve(a, v), lambda a, v: a @ v):
         np.testing.assert_allclose(jax.jit(lambda a, v: map_over_draws(f, a, v))(A, x), jax.vmap(f)(A, x), rtol=1e-5)
+
+
+def test_map_over_draws_groups_points_below_the_parallel_size(monkeypatch):
+    """Where the guard applies, a point's largest call sets the group size: a 2×2 triangular
+    solve with 1,000 right-hand sides is about 4,000 flops, so 30 points go in groups of
+    ``SAFE_BATCH_FLOPS // 4,000``; a point as large as the limit goes alone, and the results
+    equal vmap's."""
+    from numpyro_sg.infer import lapack_guard
+
+    def solve(L, b):
+        return solve_triangular(L, b, lower=True)
+
+    L = jnp.tile(jnp.array([[1.0, 0.0], [0.5, 2.0]]), (30, 1, 1))
+    small, large = jnp.ones((30, 2, 1000)), jnp.ones((30, 2, lapack_guard.SAFE_BATCH_FLOPS // 4))
+    assert lapack_guard.lapack_flops(jax.make_jaxpr(solve)(L[0], small[0]).jaxpr) == 4000
+    sizes = []
+    monkeypatch.setattr(lapack_guard, "lapack_pool_can_deadlock", lambda: True)
+    monkeypatch.setattr(jax.lax, "map", lambda f, xs, batch_size=None: sizes.append(batch_size) or jax.vmap(f)(xs))
+    for b in (small, large):
+        np.testing.assert_allclose(map_over_draws(solve, L, b), jax.vmap(solve)(L, b), rtol=1e-6)
+    assert sizes == [lapack_guard.SAFE_BATCH_FLOPS // 4000, None], sizes
 
 
 def mvn_model(y, z):
@@ -79,3 +100,23 @@ def test_small_block_algebra_of_the_locals_is_lapacks(k):
                                rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(marginal._solve_lower(jnp.asarray(L, jnp.float32), B, transpose=True),
                                np.linalg.solve(np.swapaxes(L, -1, -2), B), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not lapack_pool_can_deadlock(), reason="this jaxlib's LAPACK kernels cannot deadlock")
+@pytest.mark.timeout(300, method="thread")   # a hang would block C code: end the run
+def test_the_warmup_of_a_model_with_batched_lapack_calls_finishes():
+    """The warmup's multi-start evaluates every start's full-data log density and gradient in one
+    program; vectorised over starts, each start's ``scale_tril`` made a batch of triangular solves
+    that deadlocked jaxlib 0.10 on 2 cores (a random intercept-and-slope model hung there for
+    good; this model hung on its first pass).  Guarded, the run finishes, and the mean's draws
+    sit at the data's mean difference (posterior sd 1/√(2N) ≈ 0.003: band 0.05)."""
+    from numpyro.infer import MCMC
+
+    import numpyro_sg as nsg
+
+    rng = np.random.default_rng(2)   # 20,000 rows hung as well; 60,000 as in the scores' test
+    y = rng.normal(size=(60_000, 2)).astype(np.float32) + np.array([1.0, -1.0], np.float32)
+    z = rng.normal(size=(60_000, 2)).astype(np.float32) - np.array([1.0, -1.0], np.float32)
+    mcmc = MCMC(nsg.SGLD(mvn_model), num_warmup=20, num_samples=50, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), y, z)
+    np.testing.assert_allclose(mcmc.get_samples()["mu"].mean(0), [1.0, -1.0], atol=0.05)

@@ -235,6 +235,17 @@ def test_missing_netcdf_backend_fails_before_nuts_runs(tmp_path, monkeypatch):
         nsg.nuts_reference(lambda X, y: None, X, y, cache_dir=tmp_path / "cache")
 
 
+def test_a_models_keyword_passed_to_nuts_names_model_kwargs(monkeypatch):
+    """``nuts_reference(model, X, y, subsample_size=200)`` is how ``mcmc.run`` takes a model's
+    keyword; here it would reach ``NUTS`` as an unknown argument: the error says where it goes."""
+    import numpyro_sg.results.reference as reference
+
+    monkeypatch.setattr(reference, "_run_nuts", _never_called)
+    X, y = np.zeros((10, 2), np.float32), np.zeros(10, np.float32)
+    with pytest.raises(TypeError, match=r"model_kwargs=\{'subsample_size'"):
+        nsg.nuts_reference(lambda X, y, subsample_size=None: None, X, y, subsample_size=5)
+
+
 def _with_constant_entries(rng, scale=1.0):
     """Draws (2 chains × 500) of a 2×2 Cholesky factor whose first row is fixed (1, 0), as
     ``LKJCholesky`` gives."""

@@ -10,22 +10,32 @@ finishes.  jaxlib 0.11 removed that path.  A model whose log density calls LAPAC
 vectorised over many draws: the batch is draws × rows.
 
 :func:`map_over_draws` is ``jax.vmap`` except on that jaxlib on CPU for a function that calls
-LAPACK, where it is a sequential ``lax.map`` (the batch is then one draw's).
+LAPACK, where it is a ``lax.map`` over groups of points, each group's calls a quarter of that
+size (one point at a time when one point's call is already that large).  Every program that
+evaluates a model at several parameter points uses it: full-data scores of draws, the warmup's
+multi-start passes and ascents, vectorised chains and tuning arms.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import jax
 import jaxlib
 
-__all__ = ["LAPACK_PRIMITIVES", "lapack_pool_can_deadlock", "uses_lapack", "map_over_draws"]
+__all__ = ["LAPACK_PRIMITIVES", "SAFE_BATCH_FLOPS", "lapack_pool_can_deadlock", "lapack_flops", "uses_lapack",
+           "map_over_draws"]
 
 #: primitives that jaxlib lowers to its CPU LAPACK kernels
 LAPACK_PRIMITIVES = frozenset({"cholesky", "triangular_solve", "lu", "lu_pivots_to_permutation", "eigh",
                                "eig", "qr", "householder_product", "geqrf", "geqp3", "orgqr", "svd",
                                "schur", "hessenberg", "tridiagonal", "tridiagonal_solve"})
+
+
+#: rough flops of one batched LAPACK call kept by :func:`map_over_draws`: a quarter of the
+#: size above which jaxlib 0.10 spreads the batch over the thread pool
+SAFE_BATCH_FLOPS = 50_000
 
 
 def lapack_pool_can_deadlock() -> bool:
@@ -43,21 +53,32 @@ def _subjaxprs(params):
                 yield v
 
 
-def _calls_lapack(jaxpr) -> bool:
-    return any(eqn.primitive.name in LAPACK_PRIMITIVES or any(_calls_lapack(j) for j in _subjaxprs(eqn.params))
-               for eqn in jaxpr.eqns)
+def _call_flops(eqn) -> int:
+    """Rough flops of one LAPACK call: its largest operand's size times the matrix order."""
+    order = eqn.invars[0].aval.shape[-1] if eqn.invars[0].aval.shape else 1
+    return max(math.prod(v.aval.shape) for v in eqn.invars) * order
+
+
+def lapack_flops(jaxpr) -> int:
+    """The largest LAPACK call of ``jaxpr`` (sub-programs included) in rough flops; 0 if none."""
+    return max((max([_call_flops(eqn) if eqn.primitive.name in LAPACK_PRIMITIVES else 0,
+                     *(lapack_flops(j) for j in _subjaxprs(eqn.params))]) for eqn in jaxpr.eqns), default=0)
 
 
 def uses_lapack(fn: Callable, *example_args) -> bool:
     """Whether ``fn(*example_args)`` (arrays or ``jax.ShapeDtypeStruct``) calls a LAPACK kernel."""
-    return _calls_lapack(jax.make_jaxpr(fn)(*example_args).jaxpr)
+    return lapack_flops(jax.make_jaxpr(fn)(*example_args).jaxpr) > 0
 
 
 def map_over_draws(fn: Callable, *batched_args):
-    """``jax.vmap(fn)(*batched_args)`` over the leading axis, or a sequential ``lax.map`` where
-    :func:`lapack_pool_can_deadlock` and ``fn`` calls LAPACK (module docstring)."""
+    """``jax.vmap(fn)(*batched_args)`` over the leading axis, or, where
+    :func:`lapack_pool_can_deadlock` and ``fn`` calls LAPACK, a ``lax.map`` over groups of
+    points small enough that each batched call stays below :data:`SAFE_BATCH_FLOPS` (one point
+    at a time when one point's call alone is that large; module docstring)."""
     if lapack_pool_can_deadlock():
         one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), batched_args)
-        if uses_lapack(fn, *one):
-            return jax.lax.map(lambda a: fn(*a), batched_args)
+        flops = lapack_flops(jax.make_jaxpr(fn)(*one).jaxpr)
+        per_group = max(1, SAFE_BATCH_FLOPS // flops) if flops else None
+        if per_group is not None and per_group < jax.tree.leaves(batched_args)[0].shape[0]:
+            return jax.lax.map(lambda a: fn(*a), batched_args, batch_size=per_group if per_group > 1 else None)
     return jax.vmap(fn)(*batched_args)

@@ -45,17 +45,11 @@ from jax import random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer import init_to_uniform
 
-from numpyro_sg.infer.curvature import (
-    columns_within_memory,
-    dense_or_fallback,
-    hessian_from_products,
-    hutchinson_diagonal,
-    laplace_preconditioner,
-    noise_heat_of,
-    positive_curvature,
-    whitened_top_eigenvalue,
-)
+from numpyro_sg.infer.curvature import (columns_within_memory, dense_or_fallback, hessian_from_products,
+                                        hutchinson_diagonal, laplace_preconditioner, noise_heat_of,
+                                        positive_curvature, whitened_top_eigenvalue)
 from numpyro_sg.infer.jit_data import jit_with_data
+from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.laplace import NewtonResult, damped_newton, log_density_not_lower
 from numpyro_sg.infer.minibatch import Anchor, Minibatcher
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
@@ -70,8 +64,7 @@ from numpyro_sg.infer.sharding import auto_view
 from numpyro_sg.infer.variational import adam_ascent, variational_adam
 from numpyro_sg.infer.warmup_options import ModeFit, WarmupOptions
 
-#: re-exported: ``laplace_preconditioner``, ``whitened_top_eigenvalue``, ``noise_heat_of``
-#: (:mod:`~numpyro_sg.infer.curvature`), the options and result (:mod:`~numpyro_sg.infer.warmup_options`)
+#: re-exported: ``laplace_preconditioner``, ``whitened_top_eigenvalue``, ``noise_heat_of`` (curvature), options
 __all__ = ["WarmupOptions", "ModeFit", "find_mode", "fit_model_mode", "starting_points",
            "laplace_preconditioner", "break_symmetry", "whitened_top_eigenvalue", "noise_heat_of"]
 
@@ -113,10 +106,11 @@ class _WarmupPrograms:
 
     def full_value_and_grad_many(self, xs):
         """(log π, ∇ log π) at each row of xs (S, d) in one pass over the data (chunks of
-        ``chunk_size``/S rows: the memory of one pass)."""
+        ``chunk_size``/S rows: the memory of one pass).  Like :meth:`adam_many`, rows in small groups
+        where a batch of factorisations could deadlock jaxlib (:func:`map_over_draws`)."""
         chunk = max(1024, self.options.chunk_size // xs.shape[0])
-        return self._jit(lambda ys, a, k: jax.vmap(self.mb.full_value_and_grad_fn(self.unravel, a, k, chunk))(ys),
-                         "full_value_and_grad_many", chunk)(xs)
+        values = lambda ys, a, k: map_over_draws(self.mb.full_value_and_grad_fn(self.unravel, a, k, chunk), ys)
+        return self._jit(values, "full_value_and_grad_many", chunk)(xs)
 
     @cached_property
     def hvp_block(self):
@@ -159,8 +153,8 @@ class _WarmupPrograms:
         ascents and the main phase share it when their batch sizes agree)."""
         plates = [dataclasses.replace(p, subsample_size=batches[p.size]) for p in self.mb.plates]
         mb_opt = self.mb.with_plates(plates)
-        adam = self._jit(lambda xs, keys, n, r, a, k: jax.vmap(lambda x, key: adam_ascent(
-            self.log_density(a, k), mb_opt, x, r, key, n))(xs, keys), "adam_many", tuple(plates))
+        adam = self._jit(lambda xs, keys, n, r, a, k: map_over_draws(lambda x, key: adam_ascent(
+            self.log_density(a, k), mb_opt, x, r, key, n), xs, keys), "adam_many", tuple(plates))
         return adam(xs, keys, np.int32(steps), np.asarray(rate, xs.dtype))
 
     def prior_draws(self, model, key, n: int):

@@ -35,6 +35,7 @@ from numpyro.util import is_prng_key
 
 from numpyro_sg.diagnostics.convergence import DivergenceWarning
 from numpyro_sg.infer.jit_data import is_data
+from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.minibatch import Minibatcher, full_data, with_indices
 from numpyro_sg.infer.programs import placement_key
 from numpyro_sg.infer.run_clock import RunClock
@@ -194,8 +195,8 @@ class SGKernel(MCMCKernel):
         state = self._between_steps(state)
         if is_prng_key(state.rng_key):
             new = self.step(state, model_args, model_kwargs)
-        else:  # chain_method="vectorized": the kernel vmaps itself
-            new = jax.vmap(self.step, in_axes=(0, None, None))(state, model_args, model_kwargs)
+        else:  # chain_method="vectorized": the kernel vmaps itself (maps where LAPACK could deadlock)
+            new = map_over_draws(lambda chain: self.step(chain, model_args, model_kwargs), state)
         return new
 
     #: instance attributes that are no setting of the compiled programs (caches, ``init``'s products)

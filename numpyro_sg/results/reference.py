@@ -14,6 +14,7 @@ on the unconstrained space), so the two numbers are on one scale.
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 import warnings
@@ -62,8 +63,7 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
     group are the globals' marginal's (locals integrated out, as the gradient kernels sample it).
 
     :param model: the NumPyro model (with or without subsample plates).
-    :param model_args: the model's positional arguments (the data).
-    :param model_kwargs: its keyword arguments.
+    :param model_args: the model's positional arguments (the data); ``model_kwargs``: its keywords.
     :param cache_dir: when given, the result is stored there as netCDF and reused by later
         calls with the same model source, data (hashed bytes), settings and versions. Data
         captured in a closure are not part of the key: pass data as arguments.
@@ -85,6 +85,7 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
     >>> ref.posterior["theta"].shape, ref.posterior.attrs["reference"]
     ((1, 200, 3), 'NUTS on the full data')
     """
+    _check_nuts_kwargs(model, nuts_kwargs)
     model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
     rng_key = jax.random.PRNGKey(0) if rng_key is None else rng_key
     settings = dict(num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
@@ -105,6 +106,20 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
                            chain_method=chain_method, progress_bar=progress_bar))
     _check_reference(idata)
     return idata if path is None else save(idata, path)
+
+
+def _check_nuts_kwargs(model, nuts_kwargs: dict):
+    """A keyword that ``NUTS`` does not take but the model does is the model's: say how to pass it."""
+    nuts_params = inspect.signature(NUTS.__init__).parameters
+    try:
+        model_params = inspect.signature(model).parameters
+    except (TypeError, ValueError):
+        model_params = {}
+    for name in nuts_kwargs:
+        if name not in nuts_params and name in model_params:
+            raise TypeError(
+                f"nuts_reference: {name!r} is an argument of the model, not of NUTS; pass it as "
+                f"model_kwargs={{{name!r}: ...}} (keyword arguments go to numpyro.infer.NUTS)")
 
 
 def _check_reference(idata):

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
 
+from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.run_clock import RunClock
 from numpyro_sg.kernels.data_cache import PerDataCache
 
@@ -101,14 +102,14 @@ class Batch:
         buffer_len = MAX_CHUNK // thin
 
         def chunk(state, n_steps, model_args, model_kwargs):
-            vstep = jax.vmap(kernel.step, in_axes=(0, None, None))
             buf0 = jax.tree.map(
                 lambda z: jnp.zeros((z.shape[0], buffer_len) + z.shape[1:], z.dtype), state.z
             )
 
             def body(i, carry):
                 st, buf = carry
-                st = vstep(st, model_args, model_kwargs)
+                # every arm's step (arms in small groups where LAPACK could deadlock: lapack_guard)
+                st = map_over_draws(lambda arm: kernel.step(arm, model_args, model_kwargs), st)
                 k = (i + 1) // thin - 1
 
                 def write(b):
