@@ -24,8 +24,7 @@ from typing import Callable
 import jax
 import jaxlib
 
-__all__ = ["LAPACK_PRIMITIVES", "SAFE_BATCH_FLOPS", "lapack_pool_can_deadlock", "lapack_flops", "uses_lapack",
-           "map_over_draws"]
+__all__ = ["LAPACK_PRIMITIVES", "lapack_pool_can_deadlock", "uses_lapack", "map_over_draws"]
 
 #: primitives that jaxlib lowers to its CPU LAPACK kernels
 LAPACK_PRIMITIVES = frozenset({"cholesky", "triangular_solve", "lu", "lu_pivots_to_permutation", "eigh",
