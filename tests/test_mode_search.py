@@ -136,6 +136,23 @@ def test_mode_search_finds_the_highest_mode_of_a_mixture_and_warns():
     assert fit.local_modes().sum() >= 1
 
 
+def test_the_starts_report_their_rounds():
+    """The warmup's bar names each round of starts as it ends ("starts 8/32"), so a long
+    multi-start phase shows progress; a first round that settles the search reports its end."""
+    from numpyro_sg.infer.multistart import explore_starts
+
+    firsts, rest = np.zeros((4, 2)), np.ones((10, 2))
+    ascend, values_at = (lambda xs, keys: xs), (lambda xs: (np.zeros(len(xs)), np.zeros_like(xs)))
+    seen = []
+    explore_starts((firsts, lambda: rest), ascend, values_at, jax.random.PRNGKey(0), 4,
+                   report=lambda done, total: seen.append((done, total)))
+    assert seen == [(4, 14), (8, 14), (12, 14), (14, 14)]
+    seen.clear()
+    explore_starts((firsts, lambda: rest), ascend, values_at, jax.random.PRNGKey(0), 4,
+                   settled=lambda starts, values: True, report=lambda done, total: seen.append((done, total)))
+    assert seen == [(4, 4)]
+
+
 def test_progress_bar_option_defaults_to_quiet_off_a_terminal(capsys):
     assert WarmupOptions().show_progress() is False  # pytest captures stderr: not a terminal
     assert WarmupOptions(progress_bar=True).show_progress() is True

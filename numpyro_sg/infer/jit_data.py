@@ -16,7 +16,7 @@ def is_data(x) -> bool:
     return isinstance(x, (np.ndarray, jax.Array)) and np.ndim(x) > 0
 
 
-def jit_with_data(fn, model_args, model_kwargs, key=None):
+def jit_with_data(fn, model_args, model_kwargs, key=None, name=None):
     """``jax.jit`` of ``fn(*args, model_args, model_kwargs)`` with the data as arguments.
 
     Array leaves of the model arguments (the data, :func:`is_data`) are passed to the compiled
@@ -30,7 +30,8 @@ def jit_with_data(fn, model_args, model_kwargs, key=None):
     (``fn`` closes over no array), so that data of the same shapes reuse one compilation.
     ``g.temp_bytes(*args)`` is the compiled program's temporary memory at those arguments;
     ``g.compile(*args)`` is ``(h, temp_bytes)`` with ``h(*args)`` running the program compiled
-    ahead of time for arguments of those shapes (one compilation for both).
+    ahead of time for arguments of those shapes (one compilation for both).  ``name`` (default
+    ``fn``'s own) names the program in JAX's compile logs and profiles.
     """
     leaves, treedef = jax.tree.flatten((model_args, model_kwargs))
     dynamic = tuple(is_data(x) for x in leaves)
@@ -38,13 +39,13 @@ def jit_with_data(fn, model_args, model_kwargs, key=None):
     static = tuple(None if d else x for x, d in zip(leaves, dynamic))  # holds no data
 
     def build():
-        @jax.jit
         def compiled(args, arrays):
             it = iter(arrays)
             args_, kwargs_ = jax.tree.unflatten(treedef, [next(it) if d else x for x, d in zip(static, dynamic)])
             return fn(*args, args_, kwargs_)
 
-        return compiled
+        compiled.__name__ = compiled.__qualname__ = name or getattr(fn, "__name__", "compiled").strip("<>")
+        return jax.jit(compiled)
 
     if key is None:
         compiled = build()

@@ -111,6 +111,16 @@ def log_density_not_lower(old, new) -> bool:
                 and float(value) >= float(old[0]) - 1e-6 * abs(float(old[0])))
 
 
+def scaled_gradient_not_larger(old, new, scale) -> bool:
+    """A line-search test on ``(log π, ∇ log π)`` states for a log π whose value is noisier
+    than its gradient (a Monte Carlo marginal whose draws move with θ, while its gradient holds
+    them fixed): finite, and ‖scale·∇ log π‖ not larger than the old state's (up to 10⁻⁶)."""
+    value, grad = new
+    size = lambda g: float(np.linalg.norm(np.asarray(scale, np.float64) * np.asarray(g, np.float64)))
+    return bool(np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))
+                and size(grad) <= size(old[1]) * (1.0 + 1e-6))
+
+
 def damped_newton(evaluate: Callable, point, *, gradient: Callable, curvature: Callable,
                   accept: Callable, max_steps: int, tolerance: float, move: Callable = _add,
                   polish: bool = False, halvings: int = 10) -> NewtonResult:

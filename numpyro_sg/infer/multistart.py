@@ -142,7 +142,7 @@ def padded_rows(rows, size: int):
     return np.concatenate([rows, np.repeat(rows[-1:], size - len(rows), axis=0)]) if len(rows) < size else rows
 
 
-def explore_starts(starts, ascend, values_at, key, width: int, settled=None):
+def explore_starts(starts, ascend, values_at, key, width: int, settled=None, report=None):
     """Adam ascents from the starts, ``width`` at a time (rounds), and the full-data log density
     at their ends.  With ``settled``, the rounds after the first run only when it says the first
     round's starts and ends do not show a log-concave posterior (:func:`first_round_concave`).
@@ -154,6 +154,7 @@ def explore_starts(starts, ascend, values_at, key, width: int, settled=None):
     :param key: key of the mini-batches.
     :param settled: ``(starts, values) -> bool`` of the first round, or ``None`` (every round
         runs).
+    :param report: ``(starts done, starts to run) -> None`` after each round (a progress bar), or ``None``.
     :return: ``(log densities of the S' ≤ S end points (non-finite: -inf), their full-data
         gradients (S', d), the end points (S', d))``.
     """
@@ -172,6 +173,8 @@ def explore_starts(starts, ascend, values_at, key, width: int, settled=None):
         if lo == 0 and not (settled is not None and settled(chunk, values[0])):
             rest = others()
             batches = [rest[i:i + width] for i in range(0, len(rest), width)]
+        if report is not None:
+            report(lo + len(chunk), lo + len(chunk) + sum(len(b) for b in batches))
     return np.concatenate(values), np.concatenate(grads), np.concatenate(ends)
 
 

@@ -50,12 +50,11 @@ from numpyro_sg.infer.curvature import (columns_within_memory, dense_or_fallback
                                         positive_curvature, whitened_top_eigenvalue)
 from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.lapack_guard import map_over_draws
-from numpyro_sg.infer.laplace import NewtonResult, damped_newton, log_density_not_lower
+from numpyro_sg.infer.laplace import NewtonResult, damped_newton, log_density_not_lower, scaled_gradient_not_larger
 from numpyro_sg.infer.minibatch import Anchor, Minibatcher
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
-from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, best_ends, break_symmetry, explore_starts,
-                                         first_round_concave, flat_prior_draws, padded_rows, start_ascents,
-                                         start_candidates, usual_start)
+from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, best_ends, break_symmetry, explore_starts, first_round_concave,
+                                         flat_prior_draws, padded_rows, start_ascents, start_candidates, usual_start)
 from numpyro_sg.infer.plates import subsample_plates
 from numpyro_sg.infer.programs import placement_key, tree_signature
 from numpyro_sg.infer.preconditioner import Preconditioner, laplace_draw
@@ -80,12 +79,19 @@ class _WarmupPrograms:
         self.data = (model_args, model_kwargs)
         # what every program computes besides its arguments (the rows follow from the options)
         self.key = ("warmup", mb.model, mb.plates, mb.replace, placement_key(mb), signature, options)
+        self.monte_carlo = bool(getattr(mb.model, "sampled", False))  # locals integrated by draws (numpyro_sg.locals)
 
     def _jit(self, fn, *name):
         """``fn`` compiled with the data as arguments, shared by every warmup of the same
         model, plates, parameter structure and options (``name``: the program and its static
         settings; ``fn`` closes over no array but ``rows``)."""
-        return jit_with_data(fn, *self.data, key=self.key + name)
+        return jit_with_data(fn, *self.data, key=self.key + name, name=name[0])
+
+    def adam_plan(self, d: int) -> tuple:
+        """The Adam phases' ``(steps, batch sizes)`` (:meth:`WarmupOptions.optimizer_plan`); a group
+        whose locals are integrated by Monte Carlo costs tens of rows: such a plate takes the kernel's n."""
+        return self.options.optimizer_plan(d, [(p.size, p.subsample_size) for p in self.mb.plates],
+                                           min_batch=1 if self.monte_carlo else 1000)
 
     def log_density(self, args, kwargs):
         """``(x, indices) -> log density`` of a flat point x."""
@@ -205,16 +211,21 @@ class _WarmupPrograms:
         return noise_heat_of(tau * np.asarray(scale, np.float64) / shrink)
 
 
-def _newton(full_vg, x, curvature, options: WarmupOptions, dense: bool, dtype) -> NewtonResult:
+def _newton(full_vg, x, curvature, options: WarmupOptions, dense: bool, dtype, monte_carlo=False) -> NewtonResult:
     """The Newton refinement (module docstring): :func:`~numpyro_sg.infer.laplace.damped_newton`
-    on the full-data ``(log π, ∇ log π)``, the trial points rounded to ``dtype``."""
-    tol = options.tolerance if dense else max(options.tolerance, options.diagonal_tolerance)
-    return damped_newton(
-        full_vg, x, gradient=lambda s: np.asarray(s[1], np.float64),
-        curvature=lambda y, _: curvature(y), accept=log_density_not_lower,
-        max_steps=options.newton_steps, tolerance=tol,
-        move=lambda y, alpha, step: jnp.asarray(np.asarray(y, np.float64) + alpha * step, dtype),
-    )
+    on the full-data ``(log π, ∇ log π)``, the trial points rounded to ``dtype``; with ``monte_carlo`` (importance-
+    sampled locals move log π, not its gradient) also a step that shrinks the gradient in Laplace sds."""
+    tol, sds = options.tolerance if dense else max(options.tolerance, options.diagonal_tolerance), {}
+
+    def neg_hessian(y, _):
+        c = np.asarray(curvature(y), np.float64)
+        sds["now"] = 1.0 / np.sqrt(positive_curvature(c if c.ndim == 1 else np.diag(c)))
+        return c
+    accept = lambda old, new: log_density_not_lower(old, new) or (
+        monte_carlo and scaled_gradient_not_larger(old, new, sds["now"]))
+    return damped_newton(full_vg, x, gradient=lambda s: np.asarray(s[1], np.float64), curvature=neg_hessian,
+                         accept=accept, max_steps=options.newton_steps, tolerance=tol,
+                         move=lambda y, alpha, step: jnp.asarray(np.asarray(y, np.float64) + alpha * step, dtype))
 
 
 def _diagonal_preconditioner(programs: _WarmupPrograms, x, grad, neg_h, key, dtype):
@@ -291,19 +302,17 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
         def curvature(y):
             bar.update(1)
             return raw_curvature(y)
-        newton = _newton(programs.full_value_and_grad, x, curvature, options, dense, dtype)
+        newton = _newton(programs.full_value_and_grad, x, curvature, options, dense, dtype, programs.monte_carlo)
         (x, (value, grad)) = newton.point, newton.state
         bar.set_postfix_str("preconditioner")
-        precond, stiffness, noise_heat = _mode_preconditioner(programs, x, grad, curvature, dense,
-                                                              key_probe, dtype)
+        precond, stiffness, noise_heat = _mode_preconditioner(programs, x, grad, curvature, dense, key_probe, dtype)
         L = np.asarray(precond.chol, np.float64) if precond.chol is not None else None  # Σ̂ = L·Lᵀ
         ascents = start_ascents(*starts, lambda ys: programs.curvatures(ys, key_probe), float(value),
                                 options.multimodal_gap, L if L is None else lambda g: 0.5 * np.sum((L.T @ g) ** 2))
     return ModeFit(
-        mode=jnp.asarray(x, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value),
-        preconditioner=precond, converged=newton.converged, newton_steps=newton.steps,
-        seconds=time.perf_counter() - start_time, stiffness=float(stiffness),
-        noise_heat=float(noise_heat), start_log_densities=tuple(float(v) for v in starts[0]),
+        mode=jnp.asarray(x, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value), preconditioner=precond,
+        converged=newton.converged, newton_steps=newton.steps, seconds=time.perf_counter() - start_time,
+        stiffness=float(stiffness), noise_heat=float(noise_heat), start_log_densities=tuple(float(v) for v in starts[0]),
         start_ascents=ascents)
 
 
@@ -311,10 +320,8 @@ def _variational_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, 
                      start_time) -> ModeFit:
     """The warmup with ``centre="variational"``: the mean-field fit's mean is the centre and
     anchor, its sds (stabilised as the Laplace ones) the diagonal preconditioner."""
-    options = programs.options
-    x = usual_start(programs.full_value_and_grad, info, d, dtype, random.fold_in(key_probe, 1),
-                    options.symmetry_jitter)
-    _, batches = options.optimizer_plan(d, [(p.size, p.subsample_size) for p in programs.mb.plates])
+    options, (_, batches) = programs.options, programs.adam_plan(d)
+    x = usual_start(programs.full_value_and_grad, info, d, dtype, random.fold_in(key_probe, 1), options.symmetry_jitter)
     mean, sd = programs.variational(x, key_opt, options.variational_steps, batches)
     value, grad = programs.full_value_and_grad(mean)
     precond, stiffness, noise_heat = _diagonal_preconditioner(
@@ -332,14 +339,12 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
     The main Adam phase continues the ``starts_per_round`` best end points in the program of the
     starts' ascents when both phases have the same batch sizes (else the best one), and keeps
     the best by full-data log density."""
-    options, mb = programs.options, programs.mb
-    x = usual_start(programs.full_value_and_grad, info, d, dtype, random.fold_in(key_probe, 1),
-                    options.symmetry_jitter)
-    steps, batches = options.optimizer_plan(d, [(p.size, p.subsample_size) for p in mb.plates])
+    options, (steps, batches) = programs.options, programs.adam_plan(d)
+    x = usual_start(programs.full_value_and_grad, info, d, dtype, random.fold_in(key_probe, 1), options.symmetry_jitter)
     width = max(1, min(options.starts_per_round, options.num_starts))
     values, grads, ends, best = (), (), (), np.asarray(x)[None]
     if options.num_starts > 1 and options.start_steps > 0 and steps > 0:
-        bar.set_postfix_str(f"{options.num_starts} starts")
+        bar.set_postfix_str(f"starts 0/{options.num_starts}")
         starts = start_candidates(x, info, partial(programs.prior_draws, info.model), options.num_starts, width,
                                   random.fold_in(key_opt, 3))
         small = options.start_batches(d, batches)
@@ -348,7 +353,8 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         values, grads, ends = explore_starts(
             starts, lambda xs, keys: programs.adam_many(xs, keys, options.start_steps,
                                                         options.start_learning_rate, small),
-            programs.full_value_and_grad_many, random.fold_in(key_opt, 4), width, settled)
+            programs.full_value_and_grad_many, random.fold_in(key_opt, 4), width, settled,
+            lambda done, total: bar.set_postfix_str(f"starts {done}/{total}"))
         best = best_ends(values, ends, width) if np.any(np.isfinite(values)) else starts[0]
         width = width if small == batches else 1  # one program for both phases, else the best alone
     bar.update(1)

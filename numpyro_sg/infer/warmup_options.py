@@ -180,14 +180,16 @@ class WarmupOptions:
             self, num_starts=num_starts,
             newton_steps=self.newton_steps if self.newton_steps is not None else (30 if small else 8))
 
-    def optimizer_plan(self, d: int, sizes) -> tuple:
+    def optimizer_plan(self, d: int, sizes, min_batch: int = 1000) -> tuple:
         """``(steps, {plate size N: batch size})`` of the Adam phase for a model with d
-        coordinates and plates of sizes N (:mod:`numpyro_sg.infer.warmup`; defaults depend on d)."""
+        coordinates and plates of sizes N with the kernel's subsample sizes n (``sizes``: pairs
+        (N, n)): by default max(n, ``min_batch``) rows (:mod:`numpyro_sg.infer.warmup`; defaults
+        depend on d)."""
         large = d > self.dense_max
         steps = self.optimizer_steps if self.optimizer_steps is not None else (2000 if large else 500)
         batches = {}
         for N, n in sizes:
-            b = self.batch_size or max(n, 1000)
+            b = self.batch_size or max(n, min_batch)
             if large and self.batch_size is None and steps > 0:  # at most 16 × the default
                 b = max(b, min(-(-self.large_d_epochs * N // steps), 16 * b))
             batches[N] = int(min(b, N))

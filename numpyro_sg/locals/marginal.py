@@ -137,18 +137,25 @@ def gaussian_marginal(f: Callable, n: int, k: int, dtype) -> LocalEstimate:
     return LocalEstimate(value, bhat, _cov_sd(C), jnp.full((n,), jnp.inf, dtype))
 
 
-def conditional_mode(f: Callable, n: int, k: int, dtype, steps: int = 25, max_step: float = 2.0):
-    """The conditional mode b̂_g and the Cholesky factor of −H_g there, by ``steps`` damped Newton
-    steps from 0 (each step's largest coordinate capped at ``max_step``); no gradient flows
-    through the result (it only places the proposal)."""
-    def body(_, b):
+def conditional_mode(f: Callable, n: int, k: int, dtype, steps: int = 25, max_step: float = 2.0,
+                     tolerance: float = 1e-3):
+    """The conditional mode b̂_g and the Cholesky factor of −H_g there, by damped Newton steps
+    from 0 (each step's largest coordinate capped at ``max_step``) until every group's step is
+    below ``tolerance`` of its conditional sds (‖C⁻¹∇f‖∞, C the Cholesky factor of −H_g), at most
+    ``steps``; no gradient flows through the result (it only places the proposal)."""
+    def body(carry):
+        taken, b, _ = carry
         _, g, H = group_hessians(f, b)
-        step = _solve_neg(_chol_neg(H), g)
+        C = _chol_neg(H)
+        step = _solve_neg(C, g)
         big = jnp.max(jnp.abs(step), axis=-1, keepdims=True)
         step = step * jnp.minimum(1.0, max_step / jnp.maximum(big, 1e-30))
-        return jnp.where(jnp.isfinite(step), b + step, b)
+        ok = jnp.all(jnp.isfinite(step), axis=-1, keepdims=True)
+        size = jnp.max(jnp.where(ok, jnp.abs(_solve_lower(C, g[..., None])[..., 0]), 0.0))
+        return taken + 1, jnp.where(ok, b + step, b), size
 
-    b = jax.lax.fori_loop(0, steps, body, jnp.zeros((n, k), dtype))
+    start = (jnp.int32(0), jnp.zeros((n, k), dtype), jnp.asarray(jnp.inf, dtype))
+    _, b, _ = jax.lax.while_loop(lambda c: (c[0] < steps) & (c[2] > tolerance), body, start)
     _, _, H = group_hessians(f, b)
     return jax.lax.stop_gradient(b), jax.lax.stop_gradient(_chol_neg(H))
 
