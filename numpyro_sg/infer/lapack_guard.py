@@ -75,9 +75,11 @@ def map_over_draws(fn: Callable, *batched_args):
     points small enough that each batched call stays below :data:`SAFE_BATCH_FLOPS` (one point
     at a time when one point's call alone is that large; module docstring)."""
     if lapack_pool_can_deadlock():
-        one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), batched_args)
-        flops = lapack_flops(jax.make_jaxpr(fn)(*one).jaxpr)
+        # one point's calls: the batched program's over the batch size (traced on the arguments
+        # themselves, whose types keep their sharding: a sliced shape would lose it)
+        size = jax.tree.leaves(batched_args)[0].shape[0]
+        flops = lapack_flops(jax.make_jaxpr(jax.vmap(fn))(*batched_args).jaxpr) // max(size, 1)
         per_group = max(1, SAFE_BATCH_FLOPS // flops) if flops else None
-        if per_group is not None and per_group < jax.tree.leaves(batched_args)[0].shape[0]:
+        if per_group is not None and per_group < size:
             return jax.lax.map(lambda a: fn(*a), batched_args, batch_size=per_group if per_group > 1 else None)
     return jax.vmap(fn)(*batched_args)
