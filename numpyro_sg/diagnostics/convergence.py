@@ -138,7 +138,9 @@ def convergence_table(samples: dict) -> pd.DataFrame:
         data = az.convert_to_dataset({"x": x})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # constant coordinates: arviz warns and gives NaN
-            rhat = np.asarray(az.rhat(data)["x"].values, np.float64).reshape(-1)
+            # one chain: R̂ is NaN (no split-R̂ within a chain), which ArviZ 0.23 also logs as a warning
+            rhat = np.asarray(az.rhat(data)["x"].values, np.float64).reshape(-1) if x.shape[0] > 1 \
+                else np.full(x.shape[-1], np.nan)
             ess = np.asarray(az.ess(data, method="bulk")["x"].values, np.float64).reshape(-1)
         drift = _drift(x)
         rhat_ok = np.where(np.isfinite(rhat), rhat, 1.0)
