@@ -277,13 +277,47 @@ def test_jackknife_removes_the_importance_estimates_first_order_bias():
 
 def test_a_kernel_accepts_the_users_marginalize_locals():
     """``SGLD(marginalize_locals(model, ...))`` (the documented way to choose the options) runs
-    with the chosen method and draws, as the automatic path does."""
+    with the chosen method and draws, as the automatic path does.
+
+    Its conversion: a full-data pass over a model with locals does for every one of the G
+    groups what a step does for the n of its mini-batch, so the default conversion scores
+    (warmup + samples)·n/G draws per chain for the KSD, between 100 and 1,000 (here
+    500·10/40 = 125 of the 480 kept; it scored all 480 before, and at 15,205 groups took longer
+    than the sampling).  The eager traces of the model reuse one compiled marginal per shape:
+    a second conversion compiles none of them (before, every trace compiled its own)."""
+    import logging
+
+    from numpyro_sg.locals.posterior import affordable_draws
+
     args = simulate_glmm_random_intercept(G=40, seed=5) + (10,)
     model = marginalize_locals(glmm_random_intercept_model, method="importance", num_draws=8)
-    mcmc = MCMC(nsg.SGLD(model), num_warmup=20, num_samples=20, progress_bar=False)
+    mcmc = MCMC(nsg.SGLD(model), num_warmup=20, num_samples=480, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), *args)
     assert model.resolved == "importance" and model.num_draws == 8
     assert set(mcmc.get_samples()) >= {"tau"} and "b" not in mcmc.get_samples()
+
+    idata = nsg.to_inference_data(mcmc, check=False)
+    assert idata.sample_stats.attrs["ksd_draws_per_chain"] == 125 == idata.stein.sizes["draw"]
+    assert "local_posterior" in nsg.arviz_compat.group_names(idata)
+    compiled = []
+
+    class Compiles(logging.Handler):
+        def emit(self, record):
+            if "Finished XLA compilation of" in record.getMessage():
+                compiled.append(record.getMessage())
+
+    log = logging.getLogger("jax")
+    handler, level = Compiles(), log.level
+    log.addHandler(handler), log.setLevel(logging.DEBUG)
+    try:
+        with jax.log_compiles(True):
+            nsg.to_inference_data(mcmc, check=False)
+    finally:
+        log.removeHandler(handler), log.setLevel(level)
+    assert len(compiled) <= 1, compiled   # the locals' posterior; before: + 3 eager marginals
+    assert (model.plate_size, model.batch_size) == (40, 10)
+    assert affordable_draws(model, 10, 1000) == 100 and affordable_draws(model, 10**6, 1000) == 1000
+    assert affordable_draws(glmm_random_intercept_model, 10, 1000) == 1000   # no locals: the cap
 
 
 def test_newton_converges_on_importance_sampled_locals():

@@ -312,11 +312,14 @@ LARGE = {"logistic": logistic_regression, "poisson": poisson_regression,
 def test_acceptance_defaults_at_n_100000(kind, tmp_path_factory):
     """The issue's bar at N = 10⁵, 4 chains × (1,000 + 2,000), against NUTS 4 × 1,000:
     ξ(σ̂) ≤ 0.05, max |mean error| ≤ 0.2 NUTS sd, R̂ ≤ 1.01, for SGLD and SGBD with defaults.
-    (NUTS's own sd error with ESS ≈ 3,000 is ≈ 1.3% per coordinate; measured ξ ≤ 0.03.)"""
+    (NUTS's own sd error with ESS ≈ 3,000 is ≈ 1.3% per coordinate; measured ξ ≤ 0.03.)
+    The negative binomial's full-data NUTS takes about ten minutes on two cores, so SGHMC and
+    SGNHT share its reference here (tests/test_sghmc.py checks them on the other three)."""
     X, y = _simulate_large(kind, 100_000)
     ref = nsg.nuts_reference(LARGE[kind], X, y, num_warmup=1000, num_samples=1000, num_chains=4,
                              cache_dir=tmp_path_factory.mktemp("nuts"), progress_bar=False)
-    for name, make in DEFAULTS.items():
+    kernels = dict(DEFAULTS, **({"SGHMC": nsg.SGHMC, "SGNHT": nsg.SGNHT} if kind == "negbin" else {}))
+    for name, make in kernels.items():
         idata = nsg.to_inference_data(_run(make(LARGE[kind]), X, y, seed=1), ksd=False)
         table = nsg.compare_to_reference(idata, ref)
         rhat = nsg.check_convergence(idata, warn=False)["r_hat"].max()

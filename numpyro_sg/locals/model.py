@@ -138,6 +138,7 @@ class MarginalModel:
         self.min_ess = 0.1 * self.num_draws if min_ess is None else float(min_ess)
         self.anchor_draws = max(int(anchor_draws), self.num_draws)
         self.sites, self.plate, self.resolved, self.plate_size = None, None, None, None
+        self.batch_size = None   # groups per mini-batch, known once prepared
 
     def __repr__(self):
         return f"MarginalModel({getattr(self.model, '__name__', self.model)!r}, method={self.resolved or self.method!r})"
@@ -173,7 +174,7 @@ class MarginalModel:
         check_locals_stay_in_plate(self.model, model_args, model_kwargs, info, self.sites, tr)
         fixed = {n: tr[n]["value"] for n in info.latent_sites if self.plate not in info.sites[n].plates}
         indices = {p: jnp.arange(n) for p, (_, n) in info.subsample_plates.items()}
-        n = int(info.subsample_plates[self.plate][1])
+        n = self.batch_size = int(info.subsample_plates[self.plate][1])
         dtype = jnp.result_type(float)
 
         def f(b):
@@ -227,36 +228,40 @@ class MarginalModel:
     def run(self, *args, **kwargs):
         """Run the model once (globals through the outer handlers) and return
         ``(the model's return value, LocalEstimate, indices of the plate, plate dim)``."""
-        return self._per_group(lambda f, n, dtype, idx: self.estimate(f, n, dtype, idx), (),
-                               args, kwargs)
+        return self._per_group("estimate", (), args, kwargs)
 
     def conditional_draw(self, key, *args, **kwargs):
         """As :meth:`run`, with one draw (n, k) of the batch's locals from p(b_g | y_g, θ)
         (:meth:`draw`) in place of the estimate."""
-        return self._per_group(lambda f, n, dtype, idx, key: self.draw(f, n, dtype, key), (key,),
-                               args, kwargs)
+        return self._per_group("draw", (key,), args, kwargs)
 
-    def _per_group(self, per_group, extra, args, kwargs):
-        """Run the model once, globals through the outer handlers, and ``per_group(f, n, dtype,
-        batch indices, *extra)`` on the batch's conditional log joint f: ``(return value, its
-        result, indices of the plate, plate dim)``."""
+    def _per_group(self, kind, extra, args, kwargs):
+        """Run the model once, globals through the outer handlers, and :meth:`estimate`
+        (``kind="estimate"``) or :meth:`draw` (``"draw"``, ``extra = (key,)``) on the batch's
+        conditional log joint f: ``(return value, its result, indices of the plate, plate dim)``."""
         if self.resolved is None:
             raise RuntimeError("MarginalModel.prepare must run before the model is used (the "
                                "kernels call it at init).")
         split = _split(self.model, self.plate, [s.name for s in self.sites])
         out = split(*args, **kwargs)
         idx = split.indices[self.plate]
-        dtype = jnp.result_type(float)
+        model, plate, sites, dtype = self.model, self.plate, self.sites, jnp.result_type(float)
 
         def compute(fixed, indices, extra_, args_, kwargs_):
-            def f(b):
-                return group_log_joint(self.model, args_, kwargs_, self.plate, indices, fixed,
-                                       self.sites, b)
-            return per_group(f, idx.shape[0], dtype, indices[self.plate], *extra_)
+            def f(b):   # (it blocks the outer handlers: the program depends on its arguments
+                return group_log_joint(model, args_, kwargs_, plate, indices, fixed, sites, b)
 
-        # compiled (data as arguments): an eager trace of the model (the kernels' init) then
-        # costs one compilation, not one per operation
-        result = jit_with_data(compute, args, kwargs)(split.fixed, split.indices, extra)
+            rows = indices[plate]   # and on the settings in the key only)
+            if kind == "estimate":
+                return self.estimate(f, rows.shape[0], dtype, rows)
+            return self.draw(f, rows.shape[0], dtype, *extra_)
+
+        # compiled once per model, settings and shapes (data as arguments): each eager trace of
+        # the model (the kernels' init, the conversion's traces) reuses it
+        key = ("marginal", kind, self, tuple(sites), self.resolved, self.num_draws, self.df,
+               self.newton_steps, self.seed, str(dtype))
+        result = jit_with_data(compute, args, kwargs, key=key, name=f"marginal_{kind}")(
+            split.fixed, split.indices, extra)
         return out, result, idx, split.dim
 
     def __call__(self, *args, **kwargs):

@@ -51,6 +51,26 @@ LOCAL_DRAWS_ATTR = "local_draws_of_plate"
 LOCAL_GROUP = "local_posterior"
 
 
+#: the fewest draws per chain :func:`affordable_draws` gives
+MIN_AFFORDABLE_DRAWS = 100
+
+
+def affordable_draws(model, steps: int, most: int) -> int:
+    """Draws per chain whose full-data evaluations cost about what a chain's ``steps`` sampling
+    steps did, between :data:`MIN_AFFORDABLE_DRAWS` and ``most``: ``most`` for a model without
+    local latents (a full-data pass is one vectorised sum, far cheaper than it is long), and
+    ``steps · n / G`` for a :class:`~numpyro_sg.locals.MarginalModel` (its full-data pass does
+    for every one of the G groups what a step does for the n of its mini-batch: a
+    conditional-mode search and importance draws).
+
+    >>> affordable_draws(lambda y: None, 3000, 1000)
+    1000
+    """
+    if not isinstance(model, MarginalModel) or not model.batch_size:
+        return int(most)
+    return int(min(most, max(MIN_AFFORDABLE_DRAWS, steps * model.batch_size // model.plate_size)))
+
+
 def _thin(samples, max_draws):
     T = next(iter(samples.values())).shape[0]
     keep = np.unique(np.linspace(0, T - 1, min(T, int(max_draws))).round().astype(int))

@@ -45,7 +45,7 @@ from numpyro import handlers
 from numpyro_sg.arviz_compat import drop_group, from_numpyro, get_group, has_group, set_group
 
 from numpyro_sg.locals.model import MarginalModel
-from numpyro_sg.locals.posterior import add_local_draws, add_local_posterior
+from numpyro_sg.locals.posterior import add_local_draws, add_local_posterior, affordable_draws
 from numpyro_sg.diagnostics.convergence import check_convergence
 from numpyro_sg.diagnostics.model_scores import (
     STEIN_GROUP,
@@ -156,7 +156,7 @@ def _name_coordinate_dims(idata, coordinate_names):
 
 
 def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
-                      ksd_draws: int | None = 1000, preconditioner="sd", ksd_options: dict | None = None,
+                      ksd_draws: int | None | str = "auto", preconditioner="sd", ksd_options: dict | None = None,
                       log_likelihood_limit_gb: float | None = 1.0, sampling_time: float | None = None,
                       model=None, model_args=None, model_kwargs=None, check: bool = True,
                       local_groups=None, var_names=None, **kwargs):
@@ -166,8 +166,9 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     (``posterior``, ``sample_stats`` with the KSD, ``stein``, ``observed_data``, optionally
     ``log_likelihood``) are described in :mod:`numpyro_sg.results.inference_data`.  KSD uses
     full-data scores on the unconstrained space at ``ksd_draws`` evenly thinned draws per chain
-    (default 1,000; ``None`` for all), so conversion stays quick when scores are costly; the
-    per-chain values use the pooled scale so they are comparable.  (Long because its docstring
+    (``None`` for all; default ``"auto"``: 1,000, or for a model with local latents as many as
+    cost what the sampling did, at least 100), so conversion stays quick when scores are
+    costly; the per-chain values use the pooled scale so they are comparable.  (Long because its docstring
     documents every option; the body is a few calls.)
 
     :param mcmc: a ``numpyro.infer.MCMC`` object after ``run``.
@@ -221,13 +222,15 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     model_args, model_kwargs = auto_view(model_args, model_kwargs)  # data on an Explicit mesh
     scores = ModelScores(model, model_args, model_kwargs)
     scores.coordinate_indices(var_names)  # unknown names fail before any work
+    steps = getattr(mcmc, "num_warmup", 0) + getattr(mcmc, "num_samples", 0)
+    affordable = affordable_draws(model, steps, 1000)  # per chain
     idata = _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood,
-                             log_likelihood_limit_gb, kwargs, local_groups, var_names)
+                             log_likelihood_limit_gb, kwargs, local_groups, var_names, affordable // 2)
     _finish(idata, scores, run_seconds(mcmc) if sampling_time is None else sampling_time)
     diverged = _record_diverged(idata, mcmc)
     if ksd:
-        score_and_attach_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options, diverged,
-                             var_names)
+        score_and_attach_ksd(idata, mcmc, scores, affordable if ksd_draws == "auto" else ksd_draws,
+                             preconditioner, ksd_options, diverged, var_names)
     return idata
 
 
@@ -292,10 +295,10 @@ def _checked_ksd_options(mcmc, ksd_options, check=False) -> dict:
 
 
 def _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood, limit_gb, kwargs,
-                     local_groups=None, var_names=None):
-    """``az.from_numpyro`` of the run seen through its model on the full data (the posterior
-    of the sites ``var_names`` only), with the local latents' posterior group when the model
-    has local latents (and the draws of the ``local_groups``' locals in the posterior)."""
+                     local_groups=None, var_names=None, local_posterior_draws=500):
+    """``az.from_numpyro`` of the run seen through its model on the full data (the posterior of
+    the sites ``var_names`` only), with the local latents' posterior group (``local_posterior_draws``
+    draws) and the ``local_groups``' local draws in the posterior when the model has locals."""
     full_model = full_data_model(model, model_args, model_kwargs)
     several_processes = spans_processes(model_args, model_kwargs)
     if several_processes:   # N-sized groups would need every process's rows on one host
@@ -317,7 +320,8 @@ def _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood, limi
                              "inside a subsample plate).")
         add_local_draws(idata, model, mcmc.get_samples(group_by_chain=True), local_groups,
                         model_args, model_kwargs)
-    return add_local_posterior(idata, model, mcmc.get_samples(), model_args, model_kwargs)
+    return add_local_posterior(idata, model, mcmc.get_samples(), model_args, model_kwargs,
+                               max_draws=local_posterior_draws)
 
 
 def preconditioner_name(preconditioner) -> str:
