@@ -248,10 +248,12 @@ class MarginalModel:
         model, plate, sites, dtype = self.model, self.plate, self.sites, jnp.result_type(float)
 
         def compute(fixed, indices, extra_, args_, kwargs_):
-            def f(b):   # (it blocks the outer handlers: the program depends on its arguments
+            # group_log_joint blocks the outer handlers: the program depends on its arguments
+            # and on the settings in its key only
+            def f(b):
                 return group_log_joint(model, args_, kwargs_, plate, indices, fixed, sites, b)
 
-            rows = indices[plate]   # and on the settings in the key only)
+            rows = indices[plate]
             if kind == "estimate":
                 return self.estimate(f, rows.shape[0], dtype, rows)
             return self.draw(f, rows.shape[0], dtype, *extra_)

@@ -168,8 +168,8 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     full-data scores on the unconstrained space at ``ksd_draws`` evenly thinned draws per chain
     (``None`` for all; default ``"auto"``: 1,000, or for a model with local latents as many as
     cost what the sampling did, at least 100), so conversion stays quick when scores are
-    costly; the per-chain values use the pooled scale so they are comparable.  (Long because its docstring
-    documents every option; the body is a few calls.)
+    costly; the per-chain values use the pooled scale so they are comparable.  (Long because
+    its docstring documents every option; the body is a few calls.)
 
     :param mcmc: a ``numpyro.infer.MCMC`` object after ``run``.
     :param bool log_likelihood: add the full-data pointwise ``log_likelihood`` group.
