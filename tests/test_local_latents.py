@@ -386,7 +386,17 @@ def test_the_control_variate_anchor_is_computed_with_many_draws():
     assert shifts[1] < 0.1 and shifts[1] < shifts[0] / 4, shifts
 
 
-def test_local_draws_of_chosen_groups_follow_their_conditional_and_round_trip(tmp_path):
+@pytest.fixture(scope="module")
+def mixed_run():
+    """A linear mixed model's data and a finished two-chain SGLD run on it."""
+    args = simulate_linear_mixed(G=40, seed=3) + (10,)
+    mcmc = MCMC(nsg.SGLD(linear_mixed_model), num_warmup=200, num_samples=500, num_chains=2,
+                chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), *args)
+    return args, mcmc
+
+
+def test_local_draws_of_chosen_groups_follow_their_conditional_and_round_trip(mixed_run, tmp_path):
     """``to_inference_data(..., local_groups=...)``: exact conditional draws of Gaussian locals
     for three groups, in the posterior with the group indices as coordinates; their mean equals
     the Rao-Blackwellised mean of the ``local_posterior`` group (the same θ draws) within 4 Monte
@@ -395,10 +405,7 @@ def test_local_draws_of_chosen_groups_follow_their_conditional_and_round_trip(tm
     from numpyro_sg.arviz_compat import from_netcdf, to_netcdf
     from numpyro_sg.locals.posterior import local_draws
 
-    args = simulate_linear_mixed(G=40, seed=3) + (10,)
-    mcmc = MCMC(nsg.SGLD(linear_mixed_model), num_warmup=200, num_samples=500, num_chains=2,
-                chain_method="vectorized", progress_bar=False)
-    mcmc.run(jax.random.PRNGKey(0), *args)
+    args, mcmc = mixed_run
     idata = nsg.to_inference_data(mcmc, ksd=False, local_groups=[0, 17, 39])
     b = idata.posterior["b"]
     assert b.dims == ("chain", "draw", "groups", "b_dim_0") and list(b.coords["groups"].values) == [0, 17, 39]
@@ -447,3 +454,26 @@ def test_the_reference_decentres_multivariate_normal_locals():
     se = draws[1].std(0) / np.sqrt(len(draws[1]))
     assert np.all(np.abs(draws[0].mean(0) - draws[1].mean(0)) < 4 * np.sqrt(2) * se)
     np.testing.assert_allclose(np.cov(draws[0].T), np.cov(draws[1].T), rtol=0.05)
+
+
+def test_a_long_conversion_shows_one_bar_naming_its_phases(mixed_run, monkeypatch, capsys):
+    """``to_inference_data`` opens one progress bar for the whole conversion and names each
+    phase on it as it starts (model traces, the locals' posterior, the full-data scores block by
+    block, the KSD); off a terminal, or within its first seconds, it prints nothing."""
+    from numpyro_sg.infer import progress
+
+    _, mcmc = mixed_run
+    capsys.readouterr()
+    idata = nsg.to_inference_data(mcmc, check=False)
+    assert capsys.readouterr().err == ""  # pytest captures stderr: not a terminal
+    monkeypatch.setattr(progress, "interactive", lambda: True)
+    nsg.to_inference_data(mcmc, check=False)
+    assert "to_inference_data" not in capsys.readouterr().err  # a quick conversion: no bar yet
+    monkeypatch.setattr(progress, "CONVERSION_BAR_DELAY", 0.0)
+    nsg.to_inference_data(mcmc, check=False)
+    err = capsys.readouterr().err
+    blocks = -(-idata.stein.sizes["chain"] * idata.stein.sizes["draw"] // 64)  # ModelScores' block size
+    phases = ["model traces", "locals' posterior 0/1", "full-data scores 0/",
+              f"full-data scores {blocks - 1}/{blocks}", "KSD"]
+    at = [err.find(p) for p in phases]
+    assert blocks > 1 and -1 not in at and at == sorted(at), err

@@ -23,12 +23,11 @@ from jax.flatten_util import ravel_pytree
 from numpyro import handlers
 from numpyro.distributions.transforms import biject_to
 from numpyro.infer.util import potential_energy, unconstrain_fn
-from tqdm.auto import tqdm
 
 from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.minibatch import discover_plates, full_data
-from numpyro_sg.infer.progress import interactive
+from numpyro_sg.infer.progress import progress_steps
 from numpyro_sg.infer.model_info import improper_to_uniform
 
 __all__ = ["full_data_model", "ModelScores", "SCORE_MEMORY"]
@@ -235,8 +234,7 @@ class ModelScores:
         num = next(iter(arrays.values())).shape[0]
         size, program = self._program(fn, arrays)
         out, starts = [], range(0, num, size)
-        for start in tqdm(starts, desc="full-data scores", unit="block", leave=False,
-                          disable=len(starts) < 8 or not interactive()):  # a long conversion shows progress
+        for start in progress_steps(starts, "full-data scores", standalone_min=8):
             stop = min(start + size, num)
             b, d = _padded_block(arrays, start, stop, size)  # fixed block shape: one compilation
             out.append(np.asarray(program(b, d))[: stop - start])

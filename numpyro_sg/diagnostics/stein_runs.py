@@ -14,6 +14,7 @@ import xarray as xr
 
 from numpyro_sg.arviz_compat import get_group, has_group
 from numpyro_sg.diagnostics.full_data_scores import ModelScores
+from numpyro_sg.infer.progress import progress_steps
 
 __all__ = ["STEIN_GROUP", "thin_indices", "run_samples", "run_model", "stein_dataset",
            "select_sites", "stein_arrays", "stein_of"]
@@ -141,7 +142,7 @@ def stein_dataset(samples: dict, scores: ModelScores, max_draws: int | None = 10
     x = np.empty((len(chain_of), len(columns)), first.dtype)
     s = np.empty_like(x)
     log_density = np.empty(len(chain_of), np.float64)
-    for start in range(0, len(chain_of), scores.block_size):
+    for start in progress_steps(range(0, len(chain_of), scores.block_size), "full-data scores"):
         rows = slice(start, start + scores.block_size)
         block = {k: np.asarray(v)[chain_of[rows], draw_of[rows]] for k, v in samples.items()}
         continuous, discrete = scores.split(block)

@@ -34,6 +34,7 @@ from numpyro_sg.infer.handlers import with_indices
 from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.model_info import trace_model
+from numpyro_sg.infer.progress import progress_steps
 from numpyro_sg.locals.model import MarginalModel, integrate_locals
 
 __all__ = ["local_posterior", "local_draws", "add_local_posterior", "add_local_draws",
@@ -114,7 +115,7 @@ def local_posterior(model: MarginalModel, samples: dict, model_args=(), model_kw
         return m.mean(0), jnp.sqrt((s**2).mean(0) + m.var(0))
 
     run = jit_with_data(lambda start, a, k: chunk(start, a, k), model_args, model_kwargs or {})
-    parts = [run(s) for s in starts]
+    parts = [jax.block_until_ready(run(s)) for s in progress_steps(starts, "locals' posterior")]
     mean = np.concatenate([np.asarray(p[0]) for p in parts])[:G]
     sd = np.concatenate([np.asarray(p[1]) for p in parts])[:G]
     out, off = {}, 0

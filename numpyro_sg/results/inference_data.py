@@ -43,31 +43,17 @@ import xarray as xr
 from numpyro import handlers
 
 from numpyro_sg.arviz_compat import drop_group, from_numpyro, get_group, has_group, set_group
-
 from numpyro_sg.locals.model import MarginalModel
 from numpyro_sg.locals.posterior import add_local_draws, add_local_posterior, affordable_draws
 from numpyro_sg.diagnostics.convergence import check_convergence
-from numpyro_sg.diagnostics.model_scores import (
-    STEIN_GROUP,
-    ModelScores,
-    full_data_model,
-    ksd_of_stein,
-    resolve_run_scales,
-    run_model,
-    run_samples,
-    stein_dataset,
-)
+from numpyro_sg.diagnostics.model_scores import (STEIN_GROUP, ModelScores, full_data_model, ksd_of_stein,
+                                                 resolve_run_scales, run_model, run_samples, stein_dataset)
 from numpyro_sg.infer.model_info import improper_to_uniform
+from numpyro_sg.infer.progress import conversion_progress, progress_phase
 from numpyro_sg.infer.run_clock import run_seconds
 from numpyro_sg.infer.sharding import auto_view, spans_processes, without_global_observations
-from numpyro_sg.results.chains import (
-    DIVERGED_AT_ATTR,
-    DIVERGED_ATTR,
-    diverged_chains,
-    divergence_iterations,
-    warn_diverged,
-)
-
+from numpyro_sg.results.chains import (DIVERGED_AT_ATTR, DIVERGED_ATTR, diverged_chains,
+                                       divergence_iterations, warn_diverged)
 
 __all__ = ["to_inference_data", "attach_ksd", "score_and_attach_ksd", "cast_discrete", "preconditioner_name"]
 
@@ -220,17 +206,19 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     ksd_options = _checked_ksd_options(mcmc, ksd_options, check)
     model, model_args, model_kwargs = run_model(mcmc, model, model_args, model_kwargs)
     model_args, model_kwargs = auto_view(model_args, model_kwargs)  # data on an Explicit mesh
-    scores = ModelScores(model, model_args, model_kwargs)
-    scores.coordinate_indices(var_names)  # unknown names fail before any work
-    steps = getattr(mcmc, "num_warmup", 0) + getattr(mcmc, "num_samples", 0)
-    affordable = affordable_draws(model, steps, 1000)  # per chain
-    idata = _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood,
-                             log_likelihood_limit_gb, kwargs, local_groups, var_names, affordable // 2)
-    _finish(idata, scores, run_seconds(mcmc) if sampling_time is None else sampling_time)
-    diverged = _record_diverged(idata, mcmc)
-    if ksd:
-        score_and_attach_ksd(idata, mcmc, scores, affordable if ksd_draws == "auto" else ksd_draws,
-                             preconditioner, ksd_options, diverged, var_names)
+    with conversion_progress():  # one bar for a long conversion (its phases named on it)
+        progress_phase("model traces")
+        scores = ModelScores(model, model_args, model_kwargs)
+        scores.coordinate_indices(var_names)  # unknown names fail before any work
+        steps = getattr(mcmc, "num_warmup", 0) + getattr(mcmc, "num_samples", 0)
+        affordable = affordable_draws(model, steps, 1000)  # per chain
+        idata = _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood,
+                                 log_likelihood_limit_gb, kwargs, local_groups, var_names, affordable // 2)
+        _finish(idata, scores, run_seconds(mcmc) if sampling_time is None else sampling_time)
+        diverged = _record_diverged(idata, mcmc)
+        if ksd:
+            score_and_attach_ksd(idata, mcmc, scores, affordable if ksd_draws == "auto" else ksd_draws,
+                                 preconditioner, ksd_options, diverged, var_names)
     return idata
 
 
@@ -265,6 +253,7 @@ def score_and_attach_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_opt
     and pooled KSD without the ``diverged`` chains), recording the time it took."""
     start = time.perf_counter()
     stein = stein_dataset(run_samples(mcmc), scores, ksd_draws, var_names)
+    progress_phase("KSD")
     scales = resolve_run_scales(preconditioner, _kept_chains(stein, diverged), scores)
     attach_ksd(idata, stein, scales, preconditioner, ksd_options, diverged=diverged)
     idata.sample_stats.attrs["ksd_seconds"] = time.perf_counter() - start
