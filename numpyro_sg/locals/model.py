@@ -40,6 +40,7 @@ from jax import random
 from numpyro.primitives import Messenger
 
 from numpyro_sg.infer.jit_data import jit_with_data
+from numpyro_sg.infer.programs import placement_key, tree_signature
 from numpyro_sg.infer.model_info import ModelInfo, plates_of
 from numpyro_sg.locals.marginal import (
     LocalEstimate,
@@ -140,6 +141,21 @@ class MarginalModel:
         self.sites, self.plate, self.resolved, self.plate_size = None, None, None, None
         self.batch_size = None   # groups per mini-batch, known once prepared
 
+    def _identity(self) -> tuple:
+        """What the marginal computes: the model, the settings and, once prepared, the sites,
+        plate, sizes and method.  Equal marginals share their compiled programs (the warmup's,
+        the kernels', the marginal's own): a second kernel on the same model and data of the
+        same shapes, or a tuner's arm, compiles nothing the first did not."""
+        return (self.model, self.method, self.num_draws, self.df, self.newton_steps, self.seed,
+                self.min_ess, self.anchor_draws, None if self.sites is None else tuple(self.sites),
+                self.plate, self.resolved, self.plate_size, self.batch_size)
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other._identity() == self._identity()
+
+    def __hash__(self):
+        return hash(self._identity())
+
     def __repr__(self):
         return f"MarginalModel({getattr(self.model, '__name__', self.model)!r}, method={self.resolved or self.method!r})"
 
@@ -177,22 +193,26 @@ class MarginalModel:
         n = self.batch_size = int(info.subsample_plates[self.plate][1])
         dtype = jnp.result_type(float)
 
-        def f(b):
-            return group_log_joint(self.model, model_args, model_kwargs, self.plate, indices,
-                                   fixed, self.sites, b)
+        def check(what, extra):   # compiled once per model and shapes, with data and θ as arguments
+            def fn(fixed_, indices_, *rest):
+                *extra_, args_, kwargs_ = rest
+                f = lambda b: group_log_joint(self.model, args_, kwargs_, self.plate, indices_, fixed_, self.sites, b)
+                if what == "hessians":
+                    return group_hessians(f, *extra_)[2]
+                return self.estimate(f, indices_[self.plate].shape[0], dtype, indices_[self.plate])
+
+            key = ("marginal_check", what, self._identity(), str(dtype))
+            return jit_with_data(fn, model_args, model_kwargs, key=key, name=f"marginal_{what}")(fixed, indices, *extra)
 
         resolved = self.method
         if resolved == "auto":
-            hess = jax.jit(lambda b: group_hessians(f, b)[2])
-            H0 = hess(jnp.zeros((n, self.k), dtype))
-            H1 = hess(0.5 + 0.3 * random.normal(random.PRNGKey(1), (n, self.k), dtype))
-            H0, H1 = np.asarray(H0), np.asarray(H1)
+            H0 = np.asarray(check("hessians", (jnp.zeros((n, self.k), dtype),)))
+            H1 = np.asarray(check("hessians", (0.5 + 0.3 * random.normal(random.PRNGKey(1), (n, self.k), dtype),)))
             tol = 1e-4 * max(float(np.max(np.abs(H0))), 1e-12)
             resolved = "gaussian" if np.allclose(H0, H1, rtol=1e-4, atol=tol) else "importance"
         self.resolved = resolved
         if resolved == "importance":
-            est = jax.jit(lambda: self.estimate(f, n, dtype, jnp.arange(n)))()
-            self.warn_ess(est.ess)
+            self.warn_ess(check("estimate", ()).ess)
         return self
 
     def warn_ess(self, ess):
@@ -260,8 +280,7 @@ class MarginalModel:
 
         # compiled once per model, settings and shapes (data as arguments): each eager trace of
         # the model (the kernels' init, the conversion's traces) reuses it
-        key = ("marginal", kind, self, tuple(sites), self.resolved, self.num_draws, self.df,
-               self.newton_steps, self.seed, str(dtype))
+        key = ("marginal", kind, self._identity(), str(dtype))
         result = jit_with_data(compute, args, kwargs, key=key, name=f"marginal_{kind}")(
             split.fixed, split.indices, extra)
         return out, result, idx, split.dim
@@ -326,8 +345,10 @@ def anchor_gradient(mb, fit, unravel, model_args=(), model_kwargs=None, chunk_si
     precise = copy.copy(mb)
     precise.model = model.with_num_draws(model.anchor_draws)
     chunk = max(1, chunk_size * model.num_draws // model.anchor_draws)
+    key = ("anchor_gradient", precise.model._identity(), mb.plates, mb.replace, placement_key(mb), chunk,
+           tree_signature(unravel(fit.mode)))   # what the pass computes: shared by equal kernels
     _, grad = jit_with_data(lambda x, a, k: precise.full_value_and_grad_fn(unravel, a, k, chunk)(x),
-                            model_args, model_kwargs or {})(fit.mode)
+                            model_args, model_kwargs or {}, key=key, name="anchor_gradient")(fit.mode)
     return dataclasses.replace(fit, grad=jnp.asarray(grad, fit.grad.dtype))
 
 
