@@ -28,7 +28,7 @@ from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.minibatch import discover_plates, full_data
 from numpyro_sg.infer.progress import progress_steps
-from numpyro_sg.infer.model_info import improper_to_uniform
+from numpyro_sg.infer.model_info import improper_to_uniform, structure_only
 
 __all__ = ["full_data_model", "ModelScores", "SCORE_MEMORY"]
 
@@ -141,9 +141,9 @@ class ModelScores:
 
         def record():
             seeded = handlers.seed(self.model, 0)  # improper priors have no draw: see trace_model
-            tr = handlers.trace(handlers.substitute(seeded, substitute_fn=improper_to_uniform)).get_trace(
-                *self.model_args, **self.model_kwargs
-            )
+            with structure_only():
+                tr = handlers.trace(handlers.substitute(seeded, substitute_fn=improper_to_uniform)).get_trace(
+                    *self.model_args, **self.model_kwargs)
             for name, site in tr.items():
                 if site["type"] == "sample" and not site["is_observed"]:
                     shape = tuple(jnp.shape(site["value"]))

@@ -14,6 +14,8 @@ model again.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -251,6 +253,27 @@ def improper_to_uniform(site):
     return None
 
 
+_STRUCTURE_ONLY = contextvars.ContextVar("structure_only", default=False)
+
+
+@contextlib.contextmanager
+def structure_only():
+    """Within this block a model that integrates latent variables out numerically (the local
+    latents' :class:`~numpyro_sg.locals.model.MarginalModel`) puts zeros where that integral's
+    log density would go: for traces that read the model's structure and latent values (sites,
+    shapes, initial values, constrained draws), never its density."""
+    token = _STRUCTURE_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _STRUCTURE_ONLY.reset(token)
+
+
+def structure_only_active() -> bool:
+    """Whether the current trace reads structure only (:func:`structure_only`)."""
+    return _STRUCTURE_ONLY.get()
+
+
 def trace_model(model: Callable, model_args=(), model_kwargs=None, *, init_strategy=None,
                 rng_key=None) -> ModelInfo:
     """Trace ``model`` once and describe it (see :class:`ModelInfo`).
@@ -285,7 +308,7 @@ def trace_model(model: Callable, model_args=(), model_kwargs=None, *, init_strat
     def run(key):
         fn = substitute(seed(model, key), substitute_fn=init_strategy or improper_to_uniform)
         rec = record_subsample(first_indices(fn))
-        with validation_enabled(False):
+        with validation_enabled(False), structure_only():
             tr = trace(rec).get_trace(*model_args, **model_kwargs)
         recorded["sites"] = {name: _site_info(name, site) for name, site in tr.items()}
         recorded["data"] = tuple(rec.values)

@@ -39,6 +39,7 @@ from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.minibatch import Minibatcher, full_data, with_indices
 from numpyro_sg.infer.programs import placement_key
 from numpyro_sg.infer.run_clock import RunClock
+from numpyro_sg.infer.model_info import structure_only
 from numpyro_sg.kernels.data_cache import PerDataCache
 from numpyro_sg.kernels.guard import diverged_iterations
 
@@ -304,7 +305,8 @@ class SGKernel(MCMCKernel):
             model = with_indices(self._model, {p.name: jnp.arange(1) for p in self._mb.plates})
 
         def postprocess(params):
-            return constrain_fn(model, model_args, model_kwargs, params, return_deterministic=True)
+            with structure_only():   # (a marginal's integral is no part of a draw)
+                return constrain_fn(model, model_args, model_kwargs, params, return_deterministic=True)
 
         return postprocess
 

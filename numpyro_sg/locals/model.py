@@ -41,7 +41,7 @@ from numpyro.primitives import Messenger
 
 from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.programs import placement_key, tree_signature
-from numpyro_sg.infer.model_info import ModelInfo, plates_of
+from numpyro_sg.infer.model_info import ModelInfo, plates_of, structure_only_active
 from numpyro_sg.locals.marginal import (
     LocalEstimate,
     gaussian_marginal,
@@ -288,8 +288,13 @@ class MarginalModel:
     def __call__(self, *args, **kwargs):
         if self.resolved is None:  # not prepared yet: the original model (the kernels' first trace)
             return self.model(*args, **kwargs)
-        out, est, idx, dim = self.run(*args, **kwargs)
-        value = est.value.reshape((idx.shape[0],) + (1,) * (-dim - 1))
+        if structure_only_active():   # a trace of the structure: no integral computed
+            split = _split(self.model, self.plate, [s.name for s in self.sites])
+            out, idx, dim = split(*args, **kwargs), split.indices[self.plate], split.dim
+            value = jnp.zeros((idx.shape[0],) + (1,) * (-dim - 1), jnp.result_type(float))
+        else:
+            out, est, idx, dim = self.run(*args, **kwargs)
+            value = est.value.reshape((idx.shape[0],) + (1,) * (-dim - 1))
         size = self.plate_size
         with _fix_plate(None, self.plate, idx):
             with numpyro.plate(self.plate, size, subsample_size=idx.shape[0], dim=dim):

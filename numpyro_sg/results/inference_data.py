@@ -33,6 +33,7 @@ The posterior summary with its per-coordinate KSD column is
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from types import SimpleNamespace
@@ -48,7 +49,7 @@ from numpyro_sg.locals.posterior import add_local_draws, add_local_posterior, af
 from numpyro_sg.diagnostics.convergence import check_convergence
 from numpyro_sg.diagnostics.model_scores import (STEIN_GROUP, ModelScores, full_data_model, ksd_of_stein,
                                                  resolve_run_scales, run_model, run_samples, stein_dataset)
-from numpyro_sg.infer.model_info import improper_to_uniform
+from numpyro_sg.infer.model_info import improper_to_uniform, structure_only
 from numpyro_sg.infer.progress import conversion_progress, progress_phase
 from numpyro_sg.infer.run_clock import run_seconds
 from numpyro_sg.infer.sharding import auto_view, spans_processes, without_global_observations
@@ -298,7 +299,8 @@ def _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood, limi
     keep = None if var_names is None else [var_names] if isinstance(var_names, str) else list(var_names)
     view = _FullDataView(mcmc, full_model, None if log_likelihood else keep)  # (it needs every site)
     view._args, view._kwargs = model_args, model_kwargs
-    idata = from_numpyro(view, log_likelihood=log_likelihood, **kwargs)
+    with contextlib.nullcontext() if log_likelihood else structure_only():  # (the densities come later)
+        idata = from_numpyro(view, log_likelihood=log_likelihood, **kwargs)
     if keep is not None and log_likelihood:
         set_group(idata, "posterior", get_group(idata, "posterior")[keep])
     if several_processes:
