@@ -55,6 +55,19 @@ def test_detection_picks_the_exact_method_for_gaussian_locals_only():
     assert integrate_locals(chosen, trace_model(chosen, (X, Y, M, 5)), (X, Y, M, 5)).resolved == "imputation"
 
 
+def test_a_marginal_prepared_for_data_of_other_sizes_is_prepared_again_as_a_copy():
+    """A user's ``marginalize_locals`` object given to kernels on two data sets: the first
+    prepares it in place, the second (60 groups, not 40) gets a copy prepared for its own sizes
+    (before: the 40-group preparation, whose N/n scale is wrong for 60 groups)."""
+    model = marginalize_locals(linear_mixed_model)
+    small, big = simulate_linear_mixed(G=40, seed=3) + (10,), simulate_linear_mixed(G=60, seed=4) + (10,)
+    assert integrate_locals(model, trace_model(model, small), small) is model
+    assert integrate_locals(model, trace_model(model, small), small) is model
+    other = integrate_locals(model, trace_model(model, big), big)
+    assert other is not model and other != model
+    assert (other.plate_size, model.plate_size) == (60, 40) and other.resolved == model.resolved
+
+
 def test_the_kernel_state_holds_the_globals_only():
     X, Y, M = simulate_linear_mixed(G=30)
     kernel = nsg.SGLD(linear_mixed_model, subsample_size=5, preconditioner=None, gradient="plain",

@@ -41,7 +41,7 @@ from numpyro.primitives import Messenger
 
 from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.programs import placement_key, tree_signature
-from numpyro_sg.infer.model_info import ModelInfo, plates_of, structure_only_active
+from numpyro_sg.infer.model_info import ModelInfo, plates_of, structure_only_active, trace_model
 from numpyro_sg.locals.marginal import (
     LocalEstimate,
     gaussian_marginal,
@@ -82,7 +82,7 @@ class _split(Messenger):
 
     def __init__(self, fn, plate, local_names):
         self.plate, self.local_names = plate, set(local_names)
-        self.fixed, self.indices, self.dim = {}, {}, None
+        self.fixed, self.indices, self.sizes, self.dim = {}, {}, {}, None
         super().__init__(fn)
 
     def process_message(self, msg):
@@ -94,7 +94,7 @@ class _split(Messenger):
 
     def postprocess_message(self, msg):
         if msg["type"] == "plate" and msg["args"][1] is not None:
-            self.indices[msg["name"]] = msg["value"]
+            self.indices[msg["name"]], self.sizes[msg["name"]] = msg["value"], msg["args"][0]
         elif (msg["type"] == "sample" and not msg["is_observed"]
               and self.plate not in plates_of(msg)):
             self.fixed[msg["name"]] = msg["value"]
@@ -246,8 +246,9 @@ class MarginalModel:
                               self.df, self.newton_steps)
 
     def run(self, *args, **kwargs):
-        """Run the model once (globals through the outer handlers) and return
-        ``(the model's return value, LocalEstimate, indices of the plate, plate dim)``."""
+        """Run the model once (globals through the outer handlers) and return ``(the model's
+        return value, LocalEstimate, the pass that ran it)``: the pass holds the plate's
+        ``indices``, ``sizes`` (N, from the data) and ``dim``."""
         return self._per_group("estimate", (), args, kwargs)
 
     def conditional_draw(self, key, *args, **kwargs):
@@ -258,13 +259,12 @@ class MarginalModel:
     def _per_group(self, kind, extra, args, kwargs):
         """Run the model once, globals through the outer handlers, and :meth:`estimate`
         (``kind="estimate"``) or :meth:`draw` (``"draw"``, ``extra = (key,)``) on the batch's
-        conditional log joint f: ``(return value, its result, indices of the plate, plate dim)``."""
+        conditional log joint f: ``(return value, its result, the pass that ran it)``."""
         if self.resolved is None:
             raise RuntimeError("MarginalModel.prepare must run before the model is used (the "
                                "kernels call it at init).")
         split = _split(self.model, self.plate, [s.name for s in self.sites])
         out = split(*args, **kwargs)
-        idx = split.indices[self.plate]
         model, plate, sites, dtype = self.model, self.plate, self.sites, jnp.result_type(float)
 
         def compute(fixed, indices, extra_, args_, kwargs_):
@@ -283,21 +283,21 @@ class MarginalModel:
         key = ("marginal", kind, self._identity(), str(dtype))
         result = jit_with_data(compute, args, kwargs, key=key, name=f"marginal_{kind}")(
             split.fixed, split.indices, extra)
-        return out, result, idx, split.dim
+        return out, result, split
 
     def __call__(self, *args, **kwargs):
         if self.resolved is None:  # not prepared yet: the original model (the kernels' first trace)
             return self.model(*args, **kwargs)
         if structure_only_active():   # a trace of the structure: no integral computed
             split = _split(self.model, self.plate, [s.name for s in self.sites])
-            out, idx, dim = split(*args, **kwargs), split.indices[self.plate], split.dim
-            value = jnp.zeros((idx.shape[0],) + (1,) * (-dim - 1), jnp.result_type(float))
+            out, value = split(*args, **kwargs), jnp.zeros(split.indices[self.plate].shape, jnp.result_type(float))
         else:
-            out, est, idx, dim = self.run(*args, **kwargs)
-            value = est.value.reshape((idx.shape[0],) + (1,) * (-dim - 1))
-        size = self.plate_size
-        with _fix_plate(None, self.plate, idx):
-            with numpyro.plate(self.plate, size, subsample_size=idx.shape[0], dim=dim):
+            out, est, split = self.run(*args, **kwargs)
+            value = est.value
+        idx, dim = split.indices[self.plate], split.dim
+        with _fix_plate(None, self.plate, idx):   # (N from the data: the scale N/n stays right)
+            with numpyro.plate(self.plate, split.sizes[self.plate], subsample_size=idx.shape[0], dim=dim):
+                value = value.reshape((idx.shape[0],) + (1,) * (-dim - 1))
                 numpyro.factor(f"{self.plate}_marginal", value)
         return out
 
@@ -360,11 +360,16 @@ def anchor_gradient(mb, fit, unravel, model_args=(), model_kwargs=None, chunk_si
 def integrate_locals(model, info: ModelInfo, model_args=(), model_kwargs=None):
     """The kernels' hook: ``model`` unchanged when the traced model ``info`` has no latent site
     inside a subsample plate, else the prepared :class:`MarginalModel` (a :class:`MarginalModel`
-    given by the user is prepared with its own options)."""
+    given by the user is prepared with its own options; one prepared for data of other sizes is
+    prepared again as a copy)."""
     if not isinstance(model, MarginalModel):
         if not info.latent_in(info.subsample_plates):
             return model
         model = MarginalModel(model)
     if model.resolved is None:
-        model.prepare(info, model_args, model_kwargs)
-    return model
+        return model.prepare(info, model_args, model_kwargs)
+    if info.subsample_plates.get(model.plate) == (model.plate_size, model.batch_size):
+        return model
+    fresh = copy.copy(model)   # prepared for data of other sizes: prepared again, as a copy
+    fresh.resolved = None
+    return fresh.prepare(trace_model(model.model, model_args, model_kwargs), model_args, model_kwargs)
