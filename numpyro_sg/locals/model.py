@@ -196,18 +196,23 @@ class MarginalModel:
         def check(what, extra):   # compiled once per model and shapes, with data and θ as arguments
             def fn(fixed_, indices_, *rest):
                 *extra_, args_, kwargs_ = rest
-                f = lambda b: group_log_joint(self.model, args_, kwargs_, self.plate, indices_, fixed_, self.sites, b)
+
+                def f(b):
+                    return group_log_joint(self.model, args_, kwargs_, self.plate, indices_, fixed_, self.sites, b)
+
                 if what == "hessians":
                     return group_hessians(f, *extra_)[2]
                 return self.estimate(f, indices_[self.plate].shape[0], dtype, indices_[self.plate])
 
             key = ("marginal_check", what, self._identity(), str(dtype))
-            return jit_with_data(fn, model_args, model_kwargs, key=key, name=f"marginal_{what}")(fixed, indices, *extra)
+            program = jit_with_data(fn, model_args, model_kwargs, key=key, name=f"marginal_{what}")
+            return program(fixed, indices, *extra)
 
         resolved = self.method
         if resolved == "auto":
             H0 = np.asarray(check("hessians", (jnp.zeros((n, self.k), dtype),)))
-            H1 = np.asarray(check("hessians", (0.5 + 0.3 * random.normal(random.PRNGKey(1), (n, self.k), dtype),)))
+            b1 = 0.5 + 0.3 * random.normal(random.PRNGKey(1), (n, self.k), dtype)
+            H1 = np.asarray(check("hessians", (b1,)))
             tol = 1e-4 * max(float(np.max(np.abs(H0))), 1e-12)
             resolved = "gaussian" if np.allclose(H0, H1, rtol=1e-4, atol=tol) else "importance"
         self.resolved = resolved
@@ -290,7 +295,8 @@ class MarginalModel:
             return self.model(*args, **kwargs)
         if structure_only_active():   # a trace of the structure: no integral computed
             split = _split(self.model, self.plate, [s.name for s in self.sites])
-            out, value = split(*args, **kwargs), jnp.zeros(split.indices[self.plate].shape, jnp.result_type(float))
+            out = split(*args, **kwargs)
+            value = jnp.zeros(split.indices[self.plate].shape, jnp.result_type(float))
         else:
             out, est, split = self.run(*args, **kwargs)
             value = est.value
