@@ -108,3 +108,61 @@ def test_a_second_kernel_on_a_model_with_local_latents_compiles_nothing_at_init(
     assert len(compiles) == before, len(compiles) - before
     assert second.model == first.model and second.model is not first.model
     assert second.model != first.model.with_num_draws(first.model.num_draws + 1)
+
+
+def test_a_new_kernel_on_the_same_model_and_data_reuses_the_warmups_fit(monkeypatch):
+    """The process keeps the warmup's fits: another kernel on the same model, settings and data
+    (NumPy arrays equal in content, a JAX array the same object) does not search again, and gets
+    the same mode and preconditioner; data changed in place, another JAX array or other warmup
+    options search again."""
+    import numpyro_sg.infer.warmup as warmup_module
+
+    searches = []
+    original = warmup_module._mode_fit
+    monkeypatch.setattr(warmup_module, "_mode_fit", lambda *a, **k: searches.append(1) or original(*a, **k))
+    X, y = _data(n=600, seed=5)
+
+    def init(kernel, *data, seed=0):
+        kernel.init(jax.random.PRNGKey(seed), 10, None, data, {})
+        return kernel.mode_fit
+
+    first = init(nsg.SGLD(logistic_model), X, y)
+    again = init(nsg.SGHMC(logistic_model), X.copy(), y.copy(), seed=1)   # the run's key: not the search's
+    assert len(searches) == 1
+    np.testing.assert_array_equal(np.asarray(again.mode), np.asarray(first.mode))
+    np.testing.assert_array_equal(np.asarray(again.preconditioner.chol), np.asarray(first.preconditioner.chol))
+    assert again.seconds < first.seconds
+    changed = X.copy()
+    changed[0, 0] += 1.0   # one number changed in place: new data
+    init(nsg.SGLD(logistic_model), changed, y)
+    assert len(searches) == 2
+    X_jax = jnp.asarray(X)
+    init(nsg.SGLD(logistic_model), X_jax, y)
+    init(nsg.SGLD(logistic_model), X_jax, y)
+    assert len(searches) == 3
+    init(nsg.SGLD(logistic_model), jnp.asarray(X), y)   # an equal JAX array, not the same one
+    init(nsg.SGLD(logistic_model, warmup_options={"seed": 1}), X, y)
+    assert len(searches) == 5
+    kernel = nsg.SGLD(logistic_model)
+    kernel.reset_warmup()   # empties the process's store: the next init searches
+    init(kernel, X, y)
+    assert len(searches) == 6
+
+
+def test_a_new_step_size_compiles_no_first_state_and_given_init_params_start_the_chains():
+    """The first-state program reads the step size from its arguments: a kernel with another
+    step size compiles nothing at ``init``.  A kernel given ``init_params`` after one started at
+    the Laplace draws gets a program of its own (the shared one drew from the Laplace fit: a
+    crash on the user's values)."""
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **kw: compiles.append(1) if event.endswith("backend_compile_duration") else None)
+    X, y = (jnp.asarray(a) for a in _data(n=400, seed=7))
+    nsg.SGLD(logistic_model, step_size=0.1).init(jax.random.PRNGKey(0), 10, None, (X, y), {})
+    before = len(compiles)
+    state = nsg.SGLD(logistic_model, step_size=0.3).init(jax.random.PRNGKey(0), 10, None, (X, y), {})
+    assert len(compiles) == before, len(compiles) - before
+    np.testing.assert_allclose(np.asarray(state.hyper.step_size), 0.3, rtol=1e-6)
+    start = {"theta": jnp.array([2.0, -1.0, 0.5])}
+    state = nsg.SGLD(logistic_model, step_size=0.3).init(jax.random.PRNGKey(0), 10, start, (X, y), {})
+    np.testing.assert_array_equal(np.asarray(state.z["theta"]), np.asarray(start["theta"]))

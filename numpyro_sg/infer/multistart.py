@@ -53,7 +53,7 @@ def _flat_draws(model, model_args, model_kwargs, strategy, keys, dtype):
     return jax.vmap(lambda v: ravel_pytree(v)[0])(info.init_values).astype(dtype)
 
 
-def _first_chain(info: ModelInfo, dtype):
+def first_chain_draw(info: ModelInfo, dtype):
     """The init strategy's chain-0 draw, flat (1, d) (NumPy), or ``None`` (also when it is
     traced: under ``chain_method="parallel"`` the draw depends on the chain's key, and the
     mode search runs eagerly, once for every chain)."""
@@ -93,7 +93,7 @@ def usual_start(full_vg, info: ModelInfo, unravel_dim, dtype, key=None, scale=0.
             "log density is not finite; pass init_strategy= (e.g. numpyro.infer.init_to_uniform) "
             "so the search can start from its draw."
         )
-    return _first_chain(info, dtype)[0]
+    return first_chain_draw(info, dtype)[0]
 
 
 def start_candidates(start, info: ModelInfo, prior_draws, num_starts: int, width: int, key):
@@ -109,7 +109,7 @@ def start_candidates(start, info: ModelInfo, prior_draws, num_starts: int, width
     rng = np.random.default_rng(np.asarray(random.key_data(key) if typed else key, np.uint32))
     d, dtype = start.shape[0], start.dtype
     parts = [np.asarray(start, dtype)[None]]
-    chain0 = _first_chain(info, dtype)
+    chain0 = first_chain_draw(info, dtype)
     if chain0 is not None and num_starts > 1:
         parts.append(chain0)
     parts = np.concatenate(parts)[:max(num_starts, 1)]

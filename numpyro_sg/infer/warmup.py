@@ -48,13 +48,15 @@ from numpyro.infer import init_to_uniform
 from numpyro_sg.infer.curvature import (columns_within_memory, dense_or_fallback, hessian_from_products,
                                         hutchinson_diagonal, laplace_preconditioner, noise_heat_of,
                                         positive_curvature, whitened_top_eigenvalue)
+from numpyro_sg.infer.fit_store import stored_fit
 from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.laplace import NewtonResult, damped_newton, log_density_not_lower, scaled_gradient_not_larger
 from numpyro_sg.infer.minibatch import Anchor, Minibatcher
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
 from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, best_ends, break_symmetry, explore_starts, first_round_concave,
-                                         flat_prior_draws, padded_rows, start_ascents, start_candidates, usual_start)
+                                         first_chain_draw, flat_prior_draws, padded_rows, start_ascents, start_candidates,
+                                         usual_start)
 from numpyro_sg.infer.plates import subsample_plates
 from numpyro_sg.infer.programs import placement_key, tree_signature
 from numpyro_sg.infer.preconditioner import Preconditioner, laplace_draw
@@ -262,24 +264,14 @@ def _mode_preconditioner(programs: _WarmupPrograms, x, grad, curvature, dense: b
 
 def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kwargs=None,
               options: WarmupOptions | None = None) -> ModeFit:
-    """Mode of the log posterior, Laplace preconditioner and CV anchor (module docstring).
+    """Mode of the log posterior, Laplace preconditioner and CV anchor (module docstring), or
+    the fit found in the process's store for the same model, settings and data
+    (:mod:`~numpyro_sg.infer.fit_store`; its ``seconds`` are then the lookup's).
 
-    :param mb: the kernel's :class:`~numpyro_sg.infer.minibatch.Minibatcher` (model and plates).
-    :param info: the model's :class:`~numpyro_sg.infer.model_info.ModelInfo` (its chain-0 initial
-        values are the fall-back start).
-    :param unravel: flat vector → unconstrained params dict.
-    :param model_args: the model's positional arguments (the data).
-    :param model_kwargs: its keyword arguments.
-    :param options: :class:`WarmupOptions` (default settings when omitted).
-    :return: a :class:`ModeFit`.
-
-    **Example:**
-
-    .. code-block:: python
-
-        kernel = nsg.SGLD(model)
-        MCMC(kernel, num_warmup=1000, num_samples=2000).run(key, X, y)
-        kernel.mode_fit.mode, kernel.mode_fit.scales     # what the warmup found
+    ``mb``: the kernel's Minibatcher (model and plates); ``info``: the model's ModelInfo (its
+    chain-0 initial values are the fall-back start); ``unravel``: flat vector → unconstrained
+    params; ``model_args``, ``model_kwargs``: the data; ``options``: :class:`WarmupOptions`
+    (defaults when omitted).  A kernel's result is ``kernel.mode_fit`` after ``MCMC.run``.
     """
     start_time = time.perf_counter()
     dtype = jnp.result_type(float)
@@ -289,9 +281,17 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
     rows = mb.random_rows(options.hessian_rows, key_hess)
     programs = _WarmupPrograms(mb, unravel, model_args, model_kwargs or {}, options, rows,
                                tree_signature(info.unconstrained_example()), dtype)
-    if options.centre == "variational":
-        return _variational_fit(programs, info, d, dtype, key_opt, key_probe, start_time)
-    dense = d <= options.dense_max
+    fit_fn = _variational_fit if options.centre == "variational" else _mode_fit
+    search = partial(fit_fn, programs, info, d, dtype, key_opt, key_probe, start_time)
+    settings = programs.key + (info.model, str(np.dtype(dtype)), jax.default_backend(), str(jax.config.jax_default_device))
+    fit, found = stored_fit(settings, first_chain_draw(info, dtype), model_args, model_kwargs, search)
+    return dataclasses.replace(fit, seconds=time.perf_counter() - start_time) if found else fit
+
+
+def _mode_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe,
+              start_time) -> ModeFit:
+    """The warmup's mode search, Newton steps and Laplace fit (module docstring)."""
+    options, dense = programs.options, d <= programs.options.dense_max
     with warmup_progress(options) as bar:
         bar.reset(total=3 + options.newton_steps)
         bar.set_description("warmup: mode search")

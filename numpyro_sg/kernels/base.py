@@ -34,6 +34,7 @@ from numpyro.infer.util import constrain_fn
 from numpyro.util import is_prng_key
 
 from numpyro_sg.diagnostics.convergence import DivergenceWarning
+from numpyro_sg.infer.fit_store import clear_store
 from numpyro_sg.infer.jit_data import is_data
 from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.minibatch import Minibatcher, full_data, with_indices
@@ -84,6 +85,19 @@ def split_init_key(rng_key):
         return True, keys[:, 0], keys[:, 1]
     rng_key, key_init = random.split(rng_key)
     return False, rng_key, key_init
+
+
+def search_trace_key(key_init, seed: int):
+    """A key of ``key_init``'s shape and type made from ``seed`` alone, for the model trace whose
+    draw only starts the warmup's mode search (no init strategy): the search, and so its result
+    in the process's store, then depends on the model, data and warmup options, not on the
+    run's key.  ``key_init`` itself when traced (``chain_method="parallel"``)."""
+    if isinstance(key_init, jax.core.Tracer):
+        return key_init
+    if jnp.issubdtype(key_init.dtype, jax.dtypes.prng_key):
+        return jnp.broadcast_to(random.key(seed, impl=random.key_impl(key_init)), key_init.shape)
+    fixed = random.PRNGKey(seed)
+    return jnp.broadcast_to(fixed, key_init.shape) if fixed.shape[-1:] == key_init.shape[-1:] else key_init
 
 
 def check_choice(name, value, choices):
@@ -203,11 +217,12 @@ class SGKernel(MCMCKernel):
     #: instance attributes that are no setting of the compiled programs (caches, ``init``'s products)
     NOT_SETTINGS = ("_fits", "_mb", "_unravel", "_sample_fn", "_warned_embedded", "_clock")
 
-    def _program_key(self, *parts):
+    def _program_key(self, *parts, arguments=()):
         """Key of one of this kernel's compiled programs (:func:`~numpyro_sg.infer.programs.
-        cached_program`): class, model, subsample plates and settings (known after ``_plan``),
-        and ``parts``; ``None`` (no sharing) when a setting has no hashable description."""
-        settings = program_settings(self, self.NOT_SETTINGS)
+        cached_program`): class, model, subsample plates and settings (known after ``_plan``)
+        but ``arguments`` (settings the program reads only from its arguments), and ``parts``;
+        ``None`` (no sharing) when a setting has no hashable description."""
+        settings = program_settings(self, self.NOT_SETTINGS + tuple(arguments))
         if settings is None:
             return None
         return (type(self), self._model, self._mb.plates, self._mb.replace, placement_key(self._mb),
@@ -238,8 +253,11 @@ class SGKernel(MCMCKernel):
         A kernel run again on the same data arrays (the same objects: a second ``MCMC.run``,
         the next chain of ``chain_method="sequential"``) with the same settings reuses them,
         and new data recompute them; call this after changing the data's values in place, or
-        to drop a fit passed with ``use_mode_fit``/``warmup_options``.
+        to drop a fit passed with ``use_mode_fit``/``warmup_options``.  It also empties the
+        process's store of warmup fits (:mod:`~numpyro_sg.infer.fit_store`), which other
+        kernels on the same model and data would otherwise reuse.
         """
+        clear_store()
         for value in vars(self).values():
             if isinstance(value, PerDataCache):
                 value.clear()

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import weakref
 from typing import Callable
 
 import jax
-import numpy as np
+
+from numpyro_sg.infer.fit_store import same_objects, weak_refs
 
 __all__ = ["PerDataCache"]
 
@@ -32,25 +32,14 @@ class PerDataCache:
     def __init__(self):
         self._leaves, self.value = None, None
 
-    @staticmethod
-    def _refs(leaves):
-        """Weak references to the array leaves (the cache never keeps the data alive; a freed
-        array's id cannot then be mistaken for a new one's), the other leaves as they are."""
-        return [_WeakLeaf(x) if _weakable(x) else x for x in leaves]
-
-    @staticmethod
-    def _same(kept, leaves) -> bool:
-        return len(kept) == len(leaves) and all(
-            (k() if isinstance(k, _WeakLeaf) else k) is x for k, x in zip(kept, leaves))
-
     def get(self, model_args, model_kwargs, compute: Callable):
         """The value for these data, computed by ``compute()`` on a miss."""
         leaves = jax.tree.leaves((model_args, model_kwargs))
-        if self.value is not None and (self._leaves is None or self._same(self._leaves, leaves)):
+        if self.value is not None and (self._leaves is None or same_objects(self._leaves, leaves)):
             return self.value
         self.value = compute()
         traced = any(isinstance(x, jax.core.Tracer) for x in leaves)
-        self._leaves = None if traced else self._refs(leaves)
+        self._leaves = None if traced else weak_refs(leaves)
         if traced:  # nothing is kept for data seen only as tracers
             value, self.value = self.value, None
             return value
@@ -63,11 +52,3 @@ class PerDataCache:
     def clear(self):
         """Forget the value (the next :meth:`get` computes it)."""
         self._leaves, self.value = None, None
-
-
-class _WeakLeaf(weakref.ref):
-    """A weak reference to an array leaf of the data (see :class:`PerDataCache`)."""
-
-
-def _weakable(x) -> bool:
-    return isinstance(x, (np.ndarray, jax.Array)) and not isinstance(x, jax.core.Tracer)

@@ -4,8 +4,7 @@
 
 * **one model trace** at ``init`` (:func:`numpyro_sg.infer.model_info.trace_model`) read by
   plate discovery, data checks and deterministic-site detection;
-* the **warmup** (:mod:`numpyro_sg.infer.warmup`): the mode of the log posterior, the Laplace
-  preconditioner and the control-variate anchor, computed once before the chains start;
+* the **warmup** (:mod:`numpyro_sg.infer.warmup`): mode, Laplace preconditioner, control-variate anchor;
 * the **gradient estimate** at the new point on the next mini-batch, evaluated within the same
   iteration and kept in the state (plain or control-variate, with the gradient-noise sd τ̂ in
   the preconditioner's working frame when the kernel needs it);
@@ -48,7 +47,7 @@ from numpyro_sg.infer.preconditioner import (
 from numpyro_sg.infer.progress import warmup_progress
 from numpyro_sg.infer.warmup import ModeFit, WarmupOptions, find_mode
 from numpyro_sg.infer.programs import tree_signature
-from numpyro_sg.kernels.base import SGKernel, all_finite, check_choice, split_init_key
+from numpyro_sg.kernels.base import SGKernel, all_finite, check_choice, search_trace_key, split_init_key
 from numpyro_sg.kernels.data_cache import PerDataCache
 from numpyro_sg.kernels.guard import freeze, guarded_update, init_guard, rms
 from numpyro_sg.kernels.moves import ema
@@ -148,8 +147,7 @@ class GradientKernel(SGKernel):
 
     @property
     def mode_fit(self) -> ModeFit | None:
-        """The warmup's :class:`~numpyro_sg.infer.warmup.ModeFit` (mode, preconditioner, anchor),
-        known after ``init`` when the kernel ran one."""
+        """The warmup's :class:`~numpyro_sg.infer.warmup.ModeFit`, known after ``init`` when the kernel ran one."""
         return self._fits.value
 
     def use_mode_fit(self, fit: ModeFit):
@@ -160,7 +158,6 @@ class GradientKernel(SGKernel):
             raise TypeError(f"fit must be a numpyro_sg.infer.warmup.ModeFit, got {type(fit).__name__}.")
         self._fits.set(fit)
 
-    # -- init ------------------------------------------------------------------------------
     def _needs_mode(self, init_params) -> bool:
         if isinstance(self.preconditioner, str) or self.gradient == "cv":
             return True
@@ -222,7 +219,8 @@ class GradientKernel(SGKernel):
 
         if batched:
             init_one = jax.vmap(init_one, in_axes=(None if laplace else 0, 0, None, None, None))
-        key = self._program_key("init", batched, str(dtype), tree_signature(info.unconstrained_example()), jitter)
+        key = self._program_key("init", batched, laplace, str(dtype), tree_signature(info.unconstrained_example()),
+                                jitter, arguments=("step_size",))  # (in hyper: one program for any step size)
         state = jit_with_data(init_one, model_args, model_kwargs, key=key)(start, rng_key, (hyper, precond, anchor))
         self._sample_fn = self.sample
         return state
@@ -239,8 +237,10 @@ class GradientKernel(SGKernel):
         bar.set_postfix_str("model trace")
         data = auto_view(model_args, model_kwargs)  # eager NumPyro code runs on Explicit meshes too
         with eager_under_trace(key_init):  # structural work stays eager under pmap too
-            trace_kwargs = dict(rng_key=key_init, init_strategy=(self._init_strategy or init_to_uniform)
-                                if init_params is None else None)
+            # without an init strategy the trace's draw only starts the mode search: from the warmup's seed
+            default = init_params is None and self._init_strategy is None
+            trace_kwargs = dict(rng_key=search_trace_key(key_init, self.warmup_options.seed) if default else key_init,
+                                init_strategy=(self._init_strategy or init_to_uniform) if init_params is None else None)
             info = trace_model(self._model, *data, **trace_kwargs)
             bar.set_postfix_str("local latents")
             model = integrate_locals(self._model, info, *data)
