@@ -55,6 +55,7 @@ from numpyro.infer import HMCECS, MCMC, NUTS
 
 import numpyro_sg as nsg
 from numpyro_sg.infer.minibatch import discover_plates, full_data
+from numpyro_sg.infer.fit_store import clear_store
 from numpyro_sg.infer.programs import clear_programs
 
 SUBSAMPLE = 1000
@@ -175,8 +176,9 @@ def run_problem(kind, N, args):
     ref = _summary(mcmc.get_samples(group_by_chain=True), t)
     results["NUTS"] = ref
     for name, rep in ((n, r) for n in args.kernels.split(",") for r in range(args.repeats)):
-        if rep:  # every repeat is a first run: a new kernel, nothing compiled in the process
+        if rep:  # every repeat is a first run: a new kernel, nothing compiled or stored in the process
             clear_programs()
+            clear_store()   # the warmup's fits
             jax.clear_caches()
             name_rep = f"{name}#{rep + 1}"
         else:
