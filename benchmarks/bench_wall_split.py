@@ -12,6 +12,8 @@ Per N, in one process, after an untimed run on N = 2,000 (JAX's process-wide one
   of ``run``: NumPyro's loop, compiled and run); compilation inside each phase from
   ``jax.monitoring``'s ``backend_compile`` events (cache hits of the persistent cache are
   counted apart); and *checks* (:func:`numpyro_sg.check_convergence` afterwards);
+* **conversion** — ``to_inference_data`` of the first run with its defaults (the KSD's
+  full-data scores stop once the run's sampling time is spent): its seconds against the run's;
 * **second run** — ``run`` again on the same ``MCMC`` object and data (what a notebook re-run
   does when it keeps the object; NumPyro re-jits its loop for a new ``MCMC`` object);
 * **new objects** — a new ``MCMC`` and a new kernel on the same data (a re-executed cell);
@@ -169,6 +171,17 @@ def loop_alone(kernel, X, y, repeats=3):
     return min(times), compile_s
 
 
+def timed_conversion(mcmc):
+    """``to_inference_data(mcmc)`` with its defaults (the KSD's full-data scores within the
+    run's sampling time): seconds, and the draws per chain it scored."""
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        idata = nsg.to_inference_data(mcmc, check=False)
+    return dict(total=time.perf_counter() - t0, ksd_draws_per_chain=idata.sample_stats.attrs["ksd_draws_per_chain"],
+                sampling_time=idata.posterior.attrs["sampling_time"])
+
+
 def new_mcmc(jit_model_args):
     return MCMC(nsg.SGLD(logistic), num_warmup=WARMUP, num_samples=SAMPLES, num_chains=CHAINS,
                 chain_method="vectorized", progress_bar=False, jit_model_args=jit_model_args)
@@ -178,10 +191,11 @@ def measure(N, args, events):
     X, y = simulate(N)
     mcmc = new_mcmc(args.jit_model_args)
     first = timed_run(mcmc, X, y, events)
+    conversion = timed_conversion(mcmc)
     second = timed_run(mcmc, X, y, events, key=3)
     fresh = timed_run(new_mcmc(args.jit_model_args), X, y, events, key=4)
     loop, loop_compile = loop_alone(mcmc.sampler, X, y)
-    return dict(N=N, first=first, second=second, new_objects=fresh, loop_alone=loop,
+    return dict(N=N, first=first, conversion=conversion, second=second, new_objects=fresh, loop_alone=loop,
                 loop_alone_compile=loop_compile,
                 ratios=dict(first=first["total"] / loop, second=second["total"] / loop,
                             new_objects=fresh["total"] / loop))
@@ -198,6 +212,11 @@ def report(r):
             f"programs, {p['init_hits']} cache hits) + loop {p['loop']:5.2f} (compiling "
             f"{p['loop_compile']:5.2f} in {p['loop_compiles']}, {p['loop_hits']} hits); checks "
             f"{p['checks']:4.2f} s; ratio to loop {r['ratios'][name]:5.2f}; load {p['load']}")
+        if name == "first":
+            c = r["conversion"]
+            lines.append(f"  conversion  to_inference_data {c['total']:6.2f} s = {c['total'] / p['total']:4.2f}× "
+                         f"the first run (sampling time {c['sampling_time']:.2f} s); KSD on "
+                         f"{c['ksd_draws_per_chain']} draws per chain")
     return "\n".join(lines)
 
 

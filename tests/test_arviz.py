@@ -62,6 +62,23 @@ def test_full_data_groups_and_ksd(idata, logistic_data):
     assert attrs["ksd"] == pytest.approx(nsg.ksd(idata))  # no model needed: stein group
 
 
+def test_the_default_ksd_draws_stop_at_the_time_budget_spread_over_the_chain(sgbd_run, monkeypatch):
+    """``ksd_draws="auto"`` scores draws in an order spread over the chain until the run's sampling
+    time is spent (at least 100 per chain): here a budget of zero keeps the first blocks only."""
+    from numpyro_sg.results import inference_data
+
+    monkeypatch.setattr(inference_data, "MIN_KSD_SECONDS", 0.0)
+    budgeted = nsg.to_inference_data(sgbd_run, sampling_time=0.0, check=False)
+    kept = budgeted.stein["draw"].values
+    assert 100 <= budgeted.sample_stats.attrs["ksd_draws_per_chain"] == len(kept) < 400
+    assert np.all(np.diff(kept) > 0) and kept[0] == 0 and kept[-1] > 350  # the whole chain
+    # each kept draw has its own full-data score, in (chain, draw) order
+    full = nsg.to_inference_data(sgbd_run, ksd_draws=None, check=False)
+    assert full.sample_stats.attrs["ksd_draws_per_chain"] == 400
+    for name in ("unconstrained", "score", "log_density"):
+        np.testing.assert_allclose(budgeted.stein[name], full.stein[name].sel(draw=kept), rtol=1e-5)
+
+
 def test_netcdf_round_trip_is_lossless(idata, tmp_path):
     path = tmp_path / "run.nc"
     to_netcdf(idata, path)

@@ -34,7 +34,8 @@ import pytest
 from numpyro.infer import MCMC
 
 import numpyro_sg as nsg
-from numpyro_sg.arviz_compat import from_dict, rename_vars
+from numpyro_sg.arviz_compat import from_dict, get_group, rename_vars, set_group
+from numpyro_sg.diagnostics.model_scores import thin_indices
 
 N, D = 20_000, 5
 SUBSAMPLE = 2_000
@@ -151,6 +152,22 @@ def test_default_ksd_ranks_inflated_chain_worse_where_raw_ksd_may_not(runs):
     # measured 0.32 vs 0.78 with the default; raw 18.0 vs 8.6 (wrong way round)
     assert default["large"] > 1.5 * default["small"]
     assert runs["small"].sample_stats.attrs["ksd_preconditioner"] == "sd"
+
+
+def test_ksds_are_compared_on_equal_numbers_of_draws(runs):
+    """The V-statistic KSD of exact draws falls as 1/√T: a run scored on 100 draws (the default's
+    floor on large data) is compared with the reference thinned to 100, not its 1,000."""
+    ref = runs["ref"]
+    stein = get_group(ref, "stein")
+    few = ref.copy()
+    set_group(few, "stein", stein.isel(draw=thin_indices(stein.sizes["draw"], 100)))
+    table = nsg.compare_to_reference(few, ref)
+    print(table.attrs["ksd"], table.attrs["ksd_reference"], table.attrs["ksd_draws"])
+    assert table.attrs["ksd_draws"] == 100
+    # the same 100 NUTS draws on both sides: the same KSD
+    assert table.attrs["ksd"] == pytest.approx(table.attrs["ksd_reference"], rel=1e-6)
+    # and the reason: all 1,000 give a smaller KSD by far (the diagonal's bias, 1/T of E k(θ, θ))
+    assert nsg.ksd(ref, preconditioner=table.attrs["ksd_scales"]) < 0.7 * table.attrs["ksd"]
 
 
 def test_posteriordb_reference_in_compare():

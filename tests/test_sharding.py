@@ -214,4 +214,5 @@ def test_two_processes_give_the_draws_of_one_process_with_two_devices(tmp_path):
     # observed_data group, whose rows no one process holds
     two, one = (json.loads((tmp_path / f"{n}.npy.json").read_text()) for n in ("two0", "one"))
     np.testing.assert_allclose(two["ksd"], one["ksd"], rtol=1e-5)
+    assert two["auto_draws"] == one["auto_draws"] == 300   # process 0's budget decided for both
     assert two["groups"] == sorted(set(one["groups"]) - {"observed_data"}), (two, one)

@@ -9,12 +9,15 @@ later without the model.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import xarray as xr
 
 from numpyro_sg.arviz_compat import get_group, has_group
 from numpyro_sg.diagnostics.full_data_scores import ModelScores
 from numpyro_sg.infer.progress import progress_steps
+from numpyro_sg.infer.sharding import agreed_by_all
 
 __all__ = ["STEIN_GROUP", "thin_indices", "run_samples", "run_model", "stein_dataset",
            "select_sites", "stein_arrays", "stein_of"]
@@ -41,6 +44,23 @@ def thin_indices(num_draws: int, max_draws: int | None) -> np.ndarray:
     if max_draws < 2:
         raise ValueError(f"KSD needs at least 2 draws per chain; got max_draws={max_draws}.")
     return np.unique(np.round(np.linspace(0, num_draws - 1, max_draws)).astype(int))
+
+
+def spread_order(n: int) -> np.ndarray:
+    """A permutation of ``range(n)`` whose every prefix is spread over the whole range (the van
+    der Corput, or bit-reversal, order): draws scored in this order and stopped early still come
+    from the whole chain, not its start.
+
+    >>> from numpyro_sg.diagnostics.stein_runs import spread_order
+    >>> spread_order(8).tolist(), spread_order(6).tolist()
+    ([0, 4, 2, 6, 1, 5, 3, 7], [0, 4, 2, 1, 5, 3])
+    """
+    bits = max(1, int(n - 1).bit_length())
+    codes = np.arange(2**bits)
+    reversed_codes = np.zeros_like(codes)
+    for b in range(bits):
+        reversed_codes |= ((codes >> b) & 1) << (bits - 1 - b)
+    return reversed_codes[reversed_codes < n]
 
 
 
@@ -103,7 +123,7 @@ def run_model(obj, model=None, model_args=None, model_kwargs=None):
 
 
 def stein_dataset(samples: dict, scores: ModelScores, max_draws: int | None = 1000,
-                  var_names=None):
+                  var_names=None, *, seconds: float | None = None, min_draws: int = 2):
     """The ``stein`` group: evenly thinned draws per chain, unconstrained, with their scores.
 
     The draws are unconstrained and scored ``scores.block_size`` at a time, and only the
@@ -113,11 +133,17 @@ def stein_dataset(samples: dict, scores: ModelScores, max_draws: int | None = 10
     the Stein identity E_π[s_j(θ)·f(θ_S) + ∂_j f(θ_S)] = 0 (j in the kept set S) still holds
     and the KSD of the kept coordinates is zero for exact draws.
 
+    With a time budget (``seconds``) the thinned draws are scored in :func:`spread_order` and
+    scoring stops at the first block past the budget with ``min_draws`` per chain scored: the
+    kept draws still span every chain, and their number depends on the machine's speed.
+
     :param samples: constrained draws ``{site: (chains, draws, …)}``.
     :param scores: the model's :class:`ModelScores`.
     :param max_draws: at most this many draws per chain (``None``: all).
     :param var_names: continuous latent sites whose coordinates to keep (a name or a list;
         ``None``: all).
+    :param seconds: the time budget (``None``: score all ``max_draws``).
+    :param int min_draws: the fewest draws per chain a budget keeps.
     :return: an ``xarray.Dataset`` with ``unconstrained`` and ``score`` of dims
         ``(chain, draw, coordinate)`` (``draw`` holds the indices of the kept draws) and the
         full-data ``log_density`` of each draw (dims ``(chain, draw)``).
@@ -138,10 +164,35 @@ def stein_dataset(samples: dict, scores: ModelScores, max_draws: int | None = 10
     first = samples[scores.continuous_sites[0]]
     num_chains, num_draws = first.shape[:2]
     keep = thin_indices(num_draws, max_draws)
-    chain_of, draw_of = np.repeat(np.arange(num_chains), len(keep)), np.tile(keep, num_chains)
-    x = np.empty((len(chain_of), len(columns)), first.dtype)
+    if seconds is not None:
+        keep = keep[spread_order(len(keep))]
+    x, s, log_density = _scored_rows(samples, scores, keep, num_chains, columns, seconds, min_draws)
+    kept = len(log_density) // num_chains  # rows position-major: back to (chain, draw) order
+    order = np.argsort(keep[:kept])
+    dims = ("chain", "draw", "coordinate")
+    coords = {
+        "chain": np.arange(num_chains),
+        "draw": keep[:kept][order],
+        "coordinate": [scores.coordinate_names[j] for j in columns],
+        "site": ("coordinate", [scores.coordinate_sites[j] for j in columns]),
+    }
+    by_chain = lambda rows: np.swapaxes(rows.reshape((kept, num_chains) + rows.shape[1:])[order], 0, 1)  # noqa: E731
+    return xr.Dataset(
+        {"unconstrained": (dims, by_chain(x)), "score": (dims, by_chain(s)),
+         "log_density": (dims[:2], by_chain(log_density))},
+        coords=coords, attrs={"model_dim": scores.dim},
+    )
+
+
+def _scored_rows(samples, scores, keep, num_chains, columns, seconds, min_draws):
+    """``(x, score, log_density)`` of the draws ``keep`` of every chain, position-major, a block
+    at a time; with a budget (``seconds``), only the positions scored until it ran out."""
+    start_time = time.perf_counter()
+    draw_of, chain_of = np.repeat(keep, num_chains), np.tile(np.arange(num_chains), len(keep))
+    x = np.empty((len(chain_of), len(columns)), samples[scores.continuous_sites[0]].dtype)
     s = np.empty_like(x)
     log_density = np.empty(len(chain_of), np.float64)
+    done = len(chain_of)
     for start in progress_steps(range(0, len(chain_of), scores.block_size), "full-data scores"):
         rows = slice(start, start + scores.block_size)
         block = {k: np.asarray(v)[chain_of[rows], draw_of[rows]] for k, v in samples.items()}
@@ -149,19 +200,12 @@ def stein_dataset(samples: dict, scores: ModelScores, max_draws: int | None = 10
         xb = scores.unconstrain({**continuous, **discrete})
         log_density[rows], sb = scores.log_density_and_score(xb, discrete)
         x[rows], s[rows] = xb[:, columns], sb[:, columns]
-    shape = (num_chains, len(keep), len(columns))
-    dims = ("chain", "draw", "coordinate")
-    coords = {
-        "chain": np.arange(num_chains),
-        "draw": keep,
-        "coordinate": [scores.coordinate_names[j] for j in columns],
-        "site": ("coordinate", [scores.coordinate_sites[j] for j in columns]),
-    }
-    return xr.Dataset(
-        {"unconstrained": (dims, x.reshape(shape)), "score": (dims, s.reshape(shape)),
-         "log_density": (dims[:2], log_density.reshape(shape[:2]))},
-        coords=coords, attrs={"model_dim": scores.dim},
-    )
+        scored = min(start + scores.block_size, len(chain_of)) // num_chains  # complete positions
+        if seconds is not None and scored >= min_draws and agreed_by_all(
+                time.perf_counter() - start_time >= seconds, scores.model_args, scores.model_kwargs):
+            done = scored * num_chains
+            break
+    return x[:done], s[:done], log_density[:done]
 
 
 def select_sites(stein, var_names):

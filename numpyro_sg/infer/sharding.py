@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import random
+from jax.experimental import multihost_utils
 from jax.flatten_util import ravel_pytree
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -265,6 +266,15 @@ def spans_processes(model_args, model_kwargs) -> bool:
     process can fetch it."""
     return any(isinstance(x, jax.Array) and not x.is_fully_addressable
                for x in jax.tree.leaves((model_args, model_kwargs)))
+
+
+def agreed_by_all(flag: bool, model_args, model_kwargs) -> bool:
+    """``flag`` as process 0 has it, on every process, when the data span processes (whose every
+    program is collective, so all must take the same branch: a loop one process leaves early
+    would leave the others waiting forever); else ``flag`` unchanged."""
+    if not spans_processes(model_args, model_kwargs):
+        return bool(flag)
+    return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
 
 
 class without_global_observations(handlers.Messenger):

@@ -45,7 +45,8 @@ from numpyro import handlers
 
 from numpyro_sg.arviz_compat import drop_group, from_numpyro, get_group, has_group, set_group
 from numpyro_sg.locals.model import MarginalModel
-from numpyro_sg.locals.posterior import add_local_draws, add_local_posterior, affordable_draws
+from numpyro_sg.locals.posterior import (MIN_AFFORDABLE_DRAWS, add_local_draws, add_local_posterior,
+                                         affordable_draws)
 from numpyro_sg.diagnostics.convergence import check_convergence
 from numpyro_sg.diagnostics.model_scores import (STEIN_GROUP, ModelScores, full_data_model, ksd_of_stein,
                                                  resolve_run_scales, run_model, run_samples, stein_dataset)
@@ -59,6 +60,8 @@ from numpyro_sg.results.chains import (DIVERGED_AT_ATTR, DIVERGED_ATTR, diverged
 __all__ = ["to_inference_data", "attach_ksd", "score_and_attach_ksd", "cast_discrete", "preconditioner_name"]
 
 _KSD_OPTIONS = ("c", "beta", "statistic", "block_size")
+#: the least time ``ksd_draws="auto"`` gives the full-data scores (else the run's sampling time)
+MIN_KSD_SECONDS = 5.0
 
 
 class _FullDataView:
@@ -153,10 +156,11 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     (``posterior``, ``sample_stats`` with the KSD, ``stein``, ``observed_data``, optionally
     ``log_likelihood``) are described in :mod:`numpyro_sg.results.inference_data`.  KSD uses
     full-data scores on the unconstrained space at ``ksd_draws`` evenly thinned draws per chain
-    (``None`` for all; default ``"auto"``: 1,000, or for a model with local latents as many as
-    cost what the sampling did, at least 100), so conversion stays quick when scores are
-    costly; the per-chain values use the pooled scale so they are comparable.  (Long because
-    its docstring documents every option; the body is a few calls.)
+    (``None``: all).  The default ``"auto"``, 1,000 (with local latents, as many as cost what
+    the steps did), is scored in an order spread over the chain until the run's sampling time
+    (at least :data:`MIN_KSD_SECONDS`) is spent, never under 100: on large data the count
+    (``attrs["ksd_draws_per_chain"]``) depends on the machine.  Chains use the pooled scale.
+    (Long because its docstring documents every option; the body is a few calls.)
 
     :param mcmc: a ``numpyro.infer.MCMC`` object after ``run``.
     :param bool log_likelihood: add the full-data pointwise ``log_likelihood`` group.
@@ -215,11 +219,14 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
         affordable = affordable_draws(model, steps, 1000)  # per chain
         idata = _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood,
                                  log_likelihood_limit_gb, kwargs, local_groups, var_names, affordable // 2)
-        _finish(idata, scores, run_seconds(mcmc) if sampling_time is None else sampling_time)
+        sampling_time = run_seconds(mcmc) if sampling_time is None else sampling_time
+        _finish(idata, scores, sampling_time)
         diverged = _record_diverged(idata, mcmc)
         if ksd:
-            score_and_attach_ksd(idata, mcmc, scores, affordable if ksd_draws == "auto" else ksd_draws,
-                                 preconditioner, ksd_options, diverged, var_names)
+            auto = ksd_draws == "auto"
+            seconds = max(sampling_time, MIN_KSD_SECONDS) if auto and sampling_time is not None else None
+            score_and_attach_ksd(idata, mcmc, scores, affordable if auto else ksd_draws,
+                                 preconditioner, ksd_options, diverged, var_names, seconds)
     return idata
 
 
@@ -249,11 +256,13 @@ def _record_diverged(idata, mcmc) -> list:
 
 
 def score_and_attach_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options, diverged=(),
-                         var_names=None):
-    """Score the run's draws (the coordinates of ``var_names``) and :func:`attach_ksd` (scales
-    and pooled KSD without the ``diverged`` chains), recording the time it took."""
+                         var_names=None, seconds=None):
+    """Score the run's draws (the coordinates of ``var_names``; within ``seconds`` if given,
+    :func:`~numpyro_sg.diagnostics.stein_runs.stein_dataset`) and :func:`attach_ksd` (scales and
+    pooled KSD without the ``diverged`` chains), recording the time it took."""
     start = time.perf_counter()
-    stein = stein_dataset(run_samples(mcmc), scores, ksd_draws, var_names)
+    stein = stein_dataset(run_samples(mcmc), scores, ksd_draws, var_names, seconds=seconds,
+                          min_draws=MIN_AFFORDABLE_DRAWS)
     progress_phase("KSD")
     scales = resolve_run_scales(preconditioner, _kept_chains(stein, diverged), scores)
     attach_ksd(idata, stein, scales, preconditioner, ksd_options, diverged=diverged)

@@ -37,6 +37,7 @@ from numpyro_sg.diagnostics.model_scores import (
     ksd_of_stein,
     stein_arrays,
     stein_dataset,
+    thin_indices,
 )
 from numpyro_sg.locals.posterior import LOCAL_GROUP, compare_locals, joint_model, marginal_of, select_local_draws
 from numpyro_sg.results.reference_cache import cache_key, key_list, save
@@ -235,7 +236,8 @@ def compare_to_reference(idata, reference, *, var_names=None, reference_names: d
         over ``posterior.attrs["sampling_time"]``; NaN when the time is unknown).
         ``attrs``: ``xi_sd`` = ξ(σ̂) = ‖σ̂ − σ_ref‖₂/‖σ_ref‖₂ over all compared coordinates,
         ``ksd`` and ``ksd_reference`` (both with the reference's unconstrained sd as the
-        common preconditioner, recorded in ``ksd_scales``), ``sampling_time`` and
+        common preconditioner, recorded in ``ksd_scales``, and on as many scored draws in all,
+        ``ksd_draws``: the larger ``stein`` group thinned), ``sampling_time`` and
         ``reference_sampling_time``, and the mean full-data log density of both runs' scored
         draws (``log_density``, ``reference_log_density``; a reference far below the run warns:
         :func:`~numpyro_sg.results.reference_start.log_density_check`).  A run with local latents (its ``local_posterior`` group)
@@ -339,6 +341,7 @@ def _common_scale_ksd(run, ref, model, model_args, model_kwargs, ksd_draws) -> d
                          "marginal, or ksd=False.")
     x_ref, _ = stein_arrays(ref_stein)
     scales = x_ref.reshape(-1, x_ref.shape[-1]).std(axis=0, ddof=1)
+    run_stein, ref_stein = _equal_draw_counts(run_stein, ref_stein)
     options = {
         k.removeprefix("ksd_"): run_stein.attrs[k]
         for k in ("ksd_c", "ksd_beta", "ksd_statistic")
@@ -349,8 +352,20 @@ def _common_scale_ksd(run, ref, model, model_args, model_kwargs, ksd_draws) -> d
         "ksd_reference": float(ksd_of_stein(ref_stein, scales, **options)),
         "ksd_preconditioner": "reference sd",
         "ksd_scales": scales,
+        "ksd_draws": int(run_stein.sizes["chain"] * run_stein.sizes["draw"]),
         **log_density_check(run_stein, ref_stein),
     }
+
+
+def _equal_draw_counts(run_stein, ref_stein):
+    """Both ``stein`` groups with about as many draws in all, the larger thinned evenly along
+    ``draw``: the V-statistic KSD of exact draws shrinks as 1/√T with T draws (its diagonal
+    terms), so two KSDs compare only at equal T."""
+    totals = [stein.sizes["chain"] * stein.sizes["draw"] for stein in (run_stein, ref_stein)]
+    fewest = min(totals)
+    return tuple(stein if total == fewest else
+                 stein.isel(draw=thin_indices(stein.sizes["draw"], max(2, fewest // stein.sizes["chain"])))
+                 for stein, total in zip((run_stein, ref_stein), totals))
 
 
 def plot_reference_comparison(idata, reference, *, var_names=None, reference_names=None, labels=None,
