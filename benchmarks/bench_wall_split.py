@@ -13,7 +13,8 @@ Per N, in one process, after an untimed run on N = 2,000 (JAX's process-wide one
   ``jax.monitoring``'s ``backend_compile`` events (cache hits of the persistent cache are
   counted apart); and *checks* (:func:`numpyro_sg.check_convergence` afterwards);
 * **conversion** — ``to_inference_data`` of the first run with its defaults (the KSD's
-  full-data scores stop once the run's sampling time is spent): its seconds against the run's;
+  full-data scores stop once the run's sampling time is spent; ``--ksd-draws 1000`` scores
+  1,000 draws per chain whatever they cost): its seconds against the run's;
 * **second run** — ``run`` again on the same ``MCMC`` object and data (what a notebook re-run
   does when it keeps the object; NumPyro re-jits its loop for a new ``MCMC`` object);
 * **new objects** — a new ``MCMC`` and a new kernel on the same data (a re-executed cell);
@@ -171,13 +172,13 @@ def loop_alone(kernel, X, y, repeats=3):
     return min(times), compile_s
 
 
-def timed_conversion(mcmc):
-    """``to_inference_data(mcmc)`` with its defaults (the KSD's full-data scores within the
-    run's sampling time): seconds, and the draws per chain it scored."""
+def timed_conversion(mcmc, ksd_draws="auto"):
+    """``to_inference_data(mcmc, ksd_draws=ksd_draws)`` (by default, the KSD's full-data scores
+    within the run's sampling time): seconds, and the draws per chain it scored."""
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        idata = nsg.to_inference_data(mcmc, check=False)
+        idata = nsg.to_inference_data(mcmc, check=False, ksd_draws=ksd_draws)
     return dict(total=time.perf_counter() - t0, ksd_draws_per_chain=idata.sample_stats.attrs["ksd_draws_per_chain"],
                 sampling_time=idata.posterior.attrs["sampling_time"])
 
@@ -191,7 +192,7 @@ def measure(N, args, events):
     X, y = simulate(N)
     mcmc = new_mcmc(args.jit_model_args)
     first = timed_run(mcmc, X, y, events)
-    conversion = timed_conversion(mcmc)
+    conversion = timed_conversion(mcmc, args.ksd_draws)
     second = timed_run(mcmc, X, y, events, key=3)
     fresh = timed_run(new_mcmc(args.jit_model_args), X, y, events, key=4)
     loop, loop_compile = loop_alone(mcmc.sampler, X, y)
@@ -226,6 +227,8 @@ def main(argv=None):
     parser.add_argument("--jit-model-args", action="store_true")
     parser.add_argument("--cache", default=None, help="persistent compilation cache directory")
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--ksd-draws", default="auto", type=lambda v: v if v == "auto" else int(v),
+                        help="to_inference_data's ksd_draws for the conversion row (default auto)")
     args = parser.parse_args(argv)
     if args.cache:
         nsg.enable_compilation_cache(args.cache)
