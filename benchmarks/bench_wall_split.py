@@ -22,7 +22,10 @@ Per N, in one process, after an untimed run on N = 2,000 (JAX's process-wide one
   draws, compiled ahead of time (``jax.jit(...).lower(...).compile()``) with the data as
   arguments, and run alone: the reference of the ratios ``run / loop``.
 
-``--jit-model-args`` runs ``MCMC(..., jit_model_args=True)``; ``--cache DIR`` enables the
+``--jit-model-args`` runs ``MCMC(..., jit_model_args=True)``; ``--progress-bar`` runs NumPyro's
+default ``progress_bar=True``, whose loop calls one compiled step per iteration from Python (and
+keeps it across runs: a second ``run`` compiles nothing), where ``progress_bar=False`` compiles
+the whole loop as one program, again at every ``run``; ``--cache DIR`` enables the
 persistent compilation cache (:func:`numpyro_sg.enable_compilation_cache`) in ``DIR``: run the
 script twice with the same ``DIR`` to measure a fresh process with a warm cache.  The load
 average (``os.getloadavg()``) is printed with every result: the machine's other processes
@@ -183,18 +186,18 @@ def timed_conversion(mcmc, ksd_draws="auto"):
                 sampling_time=idata.posterior.attrs["sampling_time"])
 
 
-def new_mcmc(jit_model_args):
+def new_mcmc(args):
     return MCMC(nsg.SGLD(logistic), num_warmup=WARMUP, num_samples=SAMPLES, num_chains=CHAINS,
-                chain_method="vectorized", progress_bar=False, jit_model_args=jit_model_args)
+                chain_method="vectorized", progress_bar=args.progress_bar, jit_model_args=args.jit_model_args)
 
 
 def measure(N, args, events):
     X, y = simulate(N)
-    mcmc = new_mcmc(args.jit_model_args)
+    mcmc = new_mcmc(args)
     first = timed_run(mcmc, X, y, events)
     conversion = timed_conversion(mcmc, args.ksd_draws)
     second = timed_run(mcmc, X, y, events, key=3)
-    fresh = timed_run(new_mcmc(args.jit_model_args), X, y, events, key=4)
+    fresh = timed_run(new_mcmc(args), X, y, events, key=4)
     loop, loop_compile = loop_alone(mcmc.sampler, X, y)
     return dict(N=N, first=first, conversion=conversion, second=second, new_objects=fresh, loop_alone=loop,
                 loop_alone_compile=loop_compile,
@@ -225,6 +228,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1e5,1e6", help="comma-separated N (default 1e5,1e6)")
     parser.add_argument("--jit-model-args", action="store_true")
+    parser.add_argument("--progress-bar", action="store_true",
+                        help="MCMC(progress_bar=True), NumPyro's default: its loop runs from Python, a step at a time")
     parser.add_argument("--cache", default=None, help="persistent compilation cache directory")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--ksd-draws", default="auto", type=lambda v: v if v == "auto" else int(v),
@@ -234,10 +239,11 @@ def main(argv=None):
         nsg.enable_compilation_cache(args.cache)
     events = CompileEvents()
     print(f"jax {jax.__version__}, numpyro {numpyro.__version__}, {os.cpu_count()} CPU cores; "
-          f"jit_model_args={args.jit_model_args}, cache={args.cache}; load {load()}", flush=True)
+          f"jit_model_args={args.jit_model_args}, progress_bar={args.progress_bar}, cache={args.cache}; "
+          f"load {load()}", flush=True)
     t0 = time.perf_counter()
     X, y = simulate(2000)
-    timed_run(new_mcmc(args.jit_model_args), X, y, events)  # process-wide one-off costs
+    timed_run(new_mcmc(args), X, y, events)  # process-wide one-off costs
     print(f"untimed warm-up on N = 2,000: {time.perf_counter() - t0:.1f} s", flush=True)
     results = []
     for N in (int(float(s)) for s in args.sizes.split(",")):

@@ -230,6 +230,24 @@ def test_diagnostics_string_and_model_property(logistic_data):
     assert "step size 2.00e-02" in kernel.get_diagnostics_str(state)
 
 
+def test_the_progress_bars_text_reads_the_state_a_few_times_a_second(logistic_data, monkeypatch):
+    """NumPyro asks for the bar's text at every iteration; reading it waits for the device, so the
+    kernels read it at most every ``DIAGNOSTICS_INTERVAL`` seconds and repeat it in between."""
+    from numpyro_sg.kernels import base
+
+    kernel = KERNELS["sgbd"]()
+    state = kernel.init(jax.random.PRNGKey(0), 10, None, logistic_data, {})
+    reads = []
+    text = kernel.diagnostics_text
+    monkeypatch.setattr(kernel, "diagnostics_text", lambda s: reads.append(1) or text(s))
+    monkeypatch.setattr(base, "DIAGNOSTICS_INTERVAL", 60.0)
+    slower = state._replace(step_size=state.step_size / 2)
+    shown = [kernel.get_diagnostics_str(s) for s in [state] + [slower] * 99]
+    assert len(reads) == 1 and len(set(shown)) == 1 and "2.00e-02" in shown[-1]
+    monkeypatch.setattr(base, "DIAGNOSTICS_INTERVAL", 0.0)
+    assert "1.00e-02" in kernel.get_diagnostics_str(slower) and len(reads) == 2
+
+
 @pytest.mark.parametrize(
     "make, match",
     [

@@ -22,6 +22,7 @@ package owns: :func:`numpyro_sg.check_convergence` and :func:`numpyro_sg.to_infe
 
 from __future__ import annotations
 
+import time
 import warnings
 from typing import Callable
 
@@ -52,6 +53,10 @@ __all__ = ["SGKernel", "DivergenceWarning", "split_init_key", "all_finite", "che
 #: the kernels warn (:class:`EmbeddedDataWarning`) when NumPyro's loop would compile more data
 #: than this into its program as constants (``MCMC(..., jit_model_args=False)``, the default)
 EMBEDDED_DATA_WARN_BYTES = 16 * 2**20
+
+#: seconds between two readings of the state for the progress bar's text: each reading waits for
+#: the step in flight, and at every iteration it made a fast kernel's loop 3–4× slower
+DIAGNOSTICS_INTERVAL = 0.25
 
 
 class EmbeddedDataWarning(UserWarning):
@@ -329,6 +334,16 @@ class SGKernel(MCMCKernel):
         return postprocess
 
     def get_diagnostics_str(self, state):
+        """The progress bar's text, :meth:`diagnostics_text`, read from ``state`` at most every
+        :data:`DIAGNOSTICS_INTERVAL` seconds (NumPyro asks at every iteration)."""
+        now = time.monotonic()
+        shown = getattr(self, "_diagnostics_shown", None)
+        if shown is None or now - shown[0] >= DIAGNOSTICS_INTERVAL:
+            shown = self._diagnostics_shown = (now, self.diagnostics_text(state))
+        return shown[1]
+
+    def diagnostics_text(self, state) -> str:
+        """The progress bar's text: the mean step size, and DIVERGED once a chain blew up."""
         msg = f"step size {float(jnp.mean(state.step_size)):.2e}"
         if bool(jnp.any(state.diverging)):
             msg += ", DIVERGED"

@@ -276,6 +276,6 @@ class SGNHT(MomentumKernel):
         return v, dict(step_size=eps, momentum=v, momentum_norm=jnp.sqrt(jnp.sum(v**2)),
                        thermostat=zeta_new)
 
-    def get_diagnostics_str(self, state):
-        return super().get_diagnostics_str(state) + f", thermostat {float(jnp.mean(state.thermostat)):.2f}"
+    def diagnostics_text(self, state) -> str:
+        return super().diagnostics_text(state) + f", thermostat {float(jnp.mean(state.thermostat)):.2f}"
 

@@ -225,7 +225,7 @@ class ESGLD(SGKernel):
         """True when proposals use the O(n) GLM update (known after ``init``)."""
         return self._setup is not None and self.spike_slab.glm is not None
 
-    def get_diagnostics_str(self, state):
+    def diagnostics_text(self, state) -> str:
         msg = f"step size {float(jnp.mean(state.step_size)):.2e}, |γ| {int(jnp.max(state.model_size))}"
         msg += f", acc. {float(jnp.mean(state.accept_prob)):.2f}"
         if bool(jnp.any(state.diverging)):

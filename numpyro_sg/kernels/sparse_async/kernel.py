@@ -199,7 +199,7 @@ class SparseAsync(SGKernel):
         """Output name of θ·δ (after ``init``)."""
         return None if self._plan is None else self._plan.effective_name
 
-    def get_diagnostics_str(self, state):
+    def diagnostics_text(self, state) -> str:
         msg = f"|δ| {int(jnp.max(state.model_size))}"
         if self.inner_kind in ("mala", "sgld"):
             msg += f", ε {float(jnp.mean(state.step_size)):.2e}, acc. {float(jnp.mean(state.accept_prob)):.2f}"
