@@ -79,6 +79,23 @@ def test_the_default_ksd_draws_stop_at_the_time_budget_spread_over_the_chain(sgb
         np.testing.assert_allclose(budgeted.stein[name], full.stein[name].sel(draw=kept), rtol=1e-5)
 
 
+def test_without_the_runs_clock_the_budget_is_the_time_since_init(sgbd_run, monkeypatch):
+    """JAX's persistent compilation cache switches the run clock off (its programs may hold no
+    host callback), so the run's time is unknown: the budget is then the time since the
+    kernel's ``init`` began (here as if just now), not all 1,000 draws whatever they cost."""
+    from numpyro_sg.infer.run_clock import seconds_since_init
+    from numpyro_sg.results import inference_data
+
+    since = seconds_since_init(sgbd_run)
+    assert since is not None and since > 0 and seconds_since_init(object()) is None
+    monkeypatch.setattr(inference_data, "run_seconds", lambda mcmc: None)
+    monkeypatch.setattr(inference_data, "seconds_since_init", lambda mcmc: 0.0)
+    monkeypatch.setattr(inference_data, "MIN_KSD_SECONDS", 0.0)
+    idata = nsg.to_inference_data(sgbd_run, check=False)
+    assert "sampling_time" not in idata.posterior.attrs
+    assert 100 <= idata.sample_stats.attrs["ksd_draws_per_chain"] < 400
+
+
 def test_netcdf_round_trip_is_lossless(idata, tmp_path):
     path = tmp_path / "run.nc"
     to_netcdf(idata, path)

@@ -45,6 +45,11 @@ class RunClock:
         i = i.reshape(-1)[0] if np.ndim(i) else i
         lax.cond(i % STAMP_EVERY == 0, lambda: jax.debug.callback(self._record, i), lambda: None)
 
+    def since_start(self, segments: int = 1) -> float | None:
+        """Seconds since the last ``segments`` segments began (``None``: fewer were opened)."""
+        segments = max(int(segments), 1)
+        return time.perf_counter() - self.segments[-segments][0] if len(self.segments) >= segments else None
+
     def seconds(self, last_iteration: int, segments: int = 1) -> float | None:
         """Seconds of the last ``segments`` segments, each to ``last_iteration`` (the counter
         after the run), or ``None`` when a segment has fewer than two stamps."""
@@ -64,5 +69,19 @@ def run_seconds(mcmc) -> float | None:
     sampler, state = getattr(mcmc, "sampler", None), getattr(mcmc, "_last_state", None)
     if not hasattr(sampler, "sampling_seconds") or state is None:
         return None
-    sequential = getattr(mcmc, "chain_method", None) == "sequential"
-    return sampler.sampling_seconds(state, mcmc.num_chains if sequential else 1)
+    return sampler.sampling_seconds(state, _segments(mcmc))
+
+
+def seconds_since_init(mcmc) -> float | None:
+    """Wall seconds since ``mcmc``'s last run began its ``init`` (the first chain's under
+    ``chain_method="sequential"``): the run and what followed it, when the clock took no stamps
+    (JAX's persistent compilation cache on); ``None`` for other kernels."""
+    sampler = getattr(mcmc, "sampler", None)
+    if not hasattr(sampler, "seconds_since_init"):
+        return None
+    return sampler.seconds_since_init(_segments(mcmc))
+
+
+def _segments(mcmc) -> int:
+    """The clock's segments of one run: one per chain of ``chain_method="sequential"``."""
+    return mcmc.num_chains if getattr(mcmc, "chain_method", None) == "sequential" else 1

@@ -278,6 +278,10 @@ class SGKernel(MCMCKernel):
         ``None`` when not stamped (:mod:`~numpyro_sg.infer.run_clock`)."""
         return self._clock.seconds(int(np.max(np.asarray(state.i))), segments)
 
+    def seconds_since_init(self, segments: int = 1) -> float | None:
+        """Wall seconds since the last ``segments`` runs' ``init`` began (``None`` before any)."""
+        return self._clock.since_start(segments)
+
     def step(self, state, model_args, model_kwargs):  # pragma: no cover - abstract
         """One iteration of one chain: a pure function of the state and the data."""
         raise NotImplementedError

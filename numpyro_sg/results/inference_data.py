@@ -52,7 +52,7 @@ from numpyro_sg.diagnostics.model_scores import (STEIN_GROUP, ModelScores, full_
                                                  resolve_run_scales, run_model, run_samples, stein_dataset)
 from numpyro_sg.infer.model_info import improper_to_uniform, structure_only
 from numpyro_sg.infer.progress import conversion_progress, progress_phase
-from numpyro_sg.infer.run_clock import run_seconds
+from numpyro_sg.infer.run_clock import run_seconds, seconds_since_init
 from numpyro_sg.infer.sharding import auto_view, spans_processes, without_global_observations
 from numpyro_sg.results.chains import (DIVERGED_AT_ATTR, DIVERGED_ATTR, diverged_chains,
                                        divergence_iterations, warn_diverged)
@@ -158,9 +158,9 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     full-data scores on the unconstrained space at ``ksd_draws`` evenly thinned draws per chain
     (``None``: all).  The default ``"auto"``, 1,000 (with local latents, as many as cost what
     the steps did), is scored in an order spread over the chain until the run's sampling time
-    (at least :data:`MIN_KSD_SECONDS`) is spent, never under 100: on large data the count
-    (``attrs["ksd_draws_per_chain"]``) depends on the machine.  Chains use the pooled scale.
-    (Long because its docstring documents every option; the body is a few calls.)
+    (unknown, since its ``init``; at least :data:`MIN_KSD_SECONDS`) is spent, never under 100:
+    on large data the count (``attrs["ksd_draws_per_chain"]``) depends on the machine.  The
+    chains' KSDs share the pooled scale.  (Long because its docstring documents every option.)
 
     :param mcmc: a ``numpyro.infer.MCMC`` object after ``run``.
     :param bool log_likelihood: add the full-data pointwise ``log_likelihood`` group.
@@ -223,8 +223,8 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
         _finish(idata, scores, sampling_time)
         diverged = _record_diverged(idata, mcmc)
         if ksd:
-            auto = ksd_draws == "auto"
-            seconds = max(sampling_time, MIN_KSD_SECONDS) if auto and sampling_time is not None else None
+            auto, spent = ksd_draws == "auto", seconds_since_init(mcmc) if sampling_time is None else sampling_time
+            seconds = max(spent, MIN_KSD_SECONDS) if auto and spent is not None else None
             score_and_attach_ksd(idata, mcmc, scores, affordable if auto else ksd_draws,
                                  preconditioner, ksd_options, diverged, var_names, seconds)
     return idata
