@@ -232,20 +232,25 @@ def test_diagnostics_string_and_model_property(logistic_data):
 
 def test_the_progress_bars_text_reads_the_state_a_few_times_a_second(logistic_data, monkeypatch):
     """NumPyro asks for the bar's text at every iteration; reading it waits for the device, so the
-    kernels read it at most every ``DIAGNOSTICS_INTERVAL`` seconds and repeat it in between."""
-    from numpyro_sg.kernels import base
+    kernels read it every ``DIAGNOSTICS_INTERVAL`` seconds, and at the 1st, 2nd, 4th, … call (a
+    short run still gets two stamps of its clock), and repeat it in between; each reading stamps
+    the run clock with the iteration it read."""
+    from numpyro_sg.kernels import progress
 
     kernel = KERNELS["sgbd"]()
     state = kernel.init(jax.random.PRNGKey(0), 10, None, logistic_data, {})
     reads = []
     text = kernel.diagnostics_text
     monkeypatch.setattr(kernel, "diagnostics_text", lambda s: reads.append(1) or text(s))
-    monkeypatch.setattr(base, "DIAGNOSTICS_INTERVAL", 60.0)
-    slower = state._replace(step_size=state.step_size / 2)
+    monkeypatch.setattr(progress, "DIAGNOSTICS_INTERVAL", 60.0)
+    slower = state._replace(step_size=state.step_size / 2, i=state.i + 5)
     shown = [kernel.get_diagnostics_str(s) for s in [state] + [slower] * 99]
-    assert len(reads) == 1 and len(set(shown)) == 1 and "2.00e-02" in shown[-1]
-    monkeypatch.setattr(base, "DIAGNOSTICS_INTERVAL", 0.0)
-    assert "1.00e-02" in kernel.get_diagnostics_str(slower) and len(reads) == 2
+    assert len(reads) == 7 and len(set(shown[1:])) == 1  # read at calls 1, 2, 4, …, 64
+    assert "2.00e-02" in shown[0] and "1.00e-02" in shown[-1]
+    assert [i for i, _ in kernel._clock.segments[-1][1]] == [0] + [5] * 6
+    monkeypatch.setattr(progress, "DIAGNOSTICS_INTERVAL", 0.0)
+    kernel.get_diagnostics_str(slower)
+    assert len(reads) == 8
 
 
 @pytest.mark.parametrize(
@@ -351,3 +356,34 @@ def test_init_traces_the_model_twice_or_eight_times_with_the_warmup(name, logist
     defaults = make(counting, **options.get(name, {}))
     defaults.init(keys, 10, None, logistic_data, {})
     assert len(calls) <= 8, len(calls)  # + multi-start (3), Adam scan, full-data pass, Hessian
+
+
+@pytest.mark.parametrize("progress_bar", [True, False])
+def test_vectorised_chains_show_their_text_and_run_after_mcmc_warmup(progress_bar):
+    """The kernels are NumPyro "ensemble kernels" once ``init`` saw vectorised chains (NumPyro
+    then shows their progress text); NumPyro gives such a kernel's ``run`` after ``MCMC.warmup``
+    one key for all chains, from which each iteration splits one per chain: the chains differ
+    and sample the posterior of a normal mean (exact: mean ȳ·N/(N + 1/100), sd ≈ 1/√N; the
+    tolerance, 5 sds of the mean of 3 × 400 autocorrelated draws, is loose for SGLD's
+    bias at this step)."""
+    y = np.random.default_rng(0).normal(1.0, 1.0, 5_000)
+
+    def model(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+        with numpyro.plate("data", y.shape[0], subsample_size=100):
+            numpyro.sample("y", dist.Normal(mu, 1.0), obs=numpyro.subsample(y, event_dim=0))
+
+    kernel = nsg.SGLD(model)
+    mcmc = MCMC(kernel, num_warmup=200, num_samples=400, num_chains=3, chain_method="vectorized")
+    mcmc.progress_bar = progress_bar  # (NumPyro turns it off under pytest-xdist)
+    mcmc.warmup(jax.random.PRNGKey(0), y)
+    assert kernel.is_ensemble_kernel
+    mcmc.run(jax.random.PRNGKey(1), y)
+    draws = np.asarray(mcmc.get_samples(group_by_chain=True)["mu"])
+    assert draws.shape == (3, 400) and len({float(d) for d in draws[:, -1]}) == 3
+    exact_mean, exact_sd = y.sum() / (y.size + 1e-2), 1.0 / np.sqrt(y.size + 1e-2)
+    assert abs(draws.mean() - exact_mean) < 5 * exact_sd
+    assert 0.5 * exact_sd < draws.std() < 2.0 * exact_sd
+    sequential = nsg.SGLD(model)
+    sequential.init(jax.random.PRNGKey(0), 10, None, (y,), {})
+    assert not sequential.is_ensemble_kernel

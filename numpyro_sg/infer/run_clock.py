@@ -1,11 +1,15 @@
-"""The wall time of a run, read from the sampling loop (NumPyro's ``MCMC`` has no end-of-run hook).
+"""The wall time of a run (NumPyro's ``MCMC`` has no end-of-run hook).
 
-A kernel's ``init`` opens a *segment* (:meth:`RunClock.start`); its ``sample`` stamps the wall
-time every :data:`STAMP_EVERY` iterations of the shared counter through a host callback under
-``lax.cond`` (about 50 callbacks in a run of 3,000 iterations: no work per iteration on the
-host).  A segment's seconds run from the start of ``init`` (the warmup and every compile
-included, as for NUTS's ``sampling_time``) to its last iteration, extrapolated from the last two
-stamps.  :func:`numpyro_sg.to_inference_data` records them as ``posterior.attrs["sampling_time"]``
+A kernel's ``init`` opens a *segment* (:meth:`RunClock.start`).  Where NumPyro's progress bar
+runs the loop from Python, each reading of the state for the bar's text (a few times a second)
+stamps the iteration it read and the wall time (:meth:`RunClock.note`): the segment's seconds
+run from the start of ``init`` (the warmup and every compile included, as for NUTS's
+``sampling_time``) to its last iteration, extrapolated from the last two stamps.  The step itself
+holds no host callback, which would cost every iteration of that loop JAX's slow dispatch path.
+Without the bar (``progress_bar=False``, or chains in parallel) nothing is stamped, and a run's
+seconds are those from the start of ``init`` to the moment they are asked for, once its last
+state is computed: the conversion right after the run reads its time, a later one an upper
+bound.  :func:`numpyro_sg.to_inference_data` records them as ``posterior.attrs["sampling_time"]``
 when the user gives none; ``chain_method="sequential"`` runs one segment per chain, summed.
 """
 
@@ -15,12 +19,9 @@ import time
 
 import jax
 import numpy as np
-from jax import lax
 
-__all__ = ["RunClock", "STAMP_EVERY", "run_seconds"]
+__all__ = ["RunClock", "run_seconds"]
 
-#: iterations between two wall-time stamps of the sampling loop
-STAMP_EVERY = 64
 #: segments kept (a run of sequential chains opens one per chain)
 MAX_SEGMENTS = 64
 
@@ -35,15 +36,11 @@ class RunClock:
         """A new segment, at the start of ``init``."""
         self.segments = self.segments[-(MAX_SEGMENTS - 1):] + [(time.perf_counter(), [])]
 
-    def _record(self, i):
+    def note(self, i):
+        """Stamp the wall time with ``i``, the iteration counter read from the state (one per
+        chain under vectorised chains)."""
         if self.segments:
-            self.segments[-1][1].append((int(np.max(i)), time.perf_counter()))
-
-    def tick(self, i):
-        """In the traced loop body: stamp the wall time when ``i`` (the counter before the
-        step; the first chain's under vectorised chains) is a multiple of :data:`STAMP_EVERY`."""
-        i = i.reshape(-1)[0] if np.ndim(i) else i
-        lax.cond(i % STAMP_EVERY == 0, lambda: jax.debug.callback(self._record, i), lambda: None)
+            self.segments[-1][1].append((int(np.max(np.asarray(i))), time.perf_counter()))
 
     def since_start(self, segments: int = 1) -> float | None:
         """Seconds since the last ``segments`` segments began (``None``: fewer were opened)."""
@@ -66,16 +63,19 @@ class RunClock:
 def run_seconds(mcmc) -> float | None:
     """Wall seconds of ``mcmc``'s last run by its kernel's clock (one segment per chain of
     ``chain_method="sequential"``), ``None`` when unknown (not one of this package's kernels)."""
-    sampler, state = getattr(mcmc, "sampler", None), getattr(mcmc, "_last_state", None)
+    sampler, state = getattr(mcmc, "sampler", None), getattr(mcmc, "last_state", None)
     if not hasattr(sampler, "sampling_seconds") or state is None:
         return None
-    return sampler.sampling_seconds(state, _segments(mcmc))
+    seconds = sampler.sampling_seconds(state, _segments(mcmc))
+    if seconds is None:   # not stamped: the time since init, once the last state is computed
+        jax.block_until_ready(state)
+        seconds = sampler.seconds_since_init(_segments(mcmc))
+    return seconds
 
 
 def seconds_since_init(mcmc) -> float | None:
     """Wall seconds since ``mcmc``'s last run began its ``init`` (the first chain's under
-    ``chain_method="sequential"``): the run and what followed it, when the clock took no stamps
-    (JAX's persistent compilation cache on); ``None`` for other kernels."""
+    ``chain_method="sequential"``): the run and what followed it; ``None`` for other kernels."""
     sampler = getattr(mcmc, "sampler", None)
     if not hasattr(sampler, "seconds_since_init"):
         return None

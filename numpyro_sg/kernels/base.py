@@ -9,9 +9,8 @@ report, and the shared options (``subsample_size``, ``replace``, ``init_strategy
 default, and the iteration in ``guard.diverged_at``); the :class:`DivergenceWarning` naming the
 chains and iterations (:meth:`SGKernel.divergence_message`) comes after the run, from
 :func:`numpyro_sg.check_convergence`, :func:`numpyro_sg.to_inference_data` and
-:func:`numpyro_sg.posterior_summary`.  The loop's only host callback is the run clock's stamp
-every 64 iterations (:mod:`~numpyro_sg.infer.run_clock`; none when JAX's persistent compilation
-cache is on, whose programs may hold no callback).
+:func:`numpyro_sg.posterior_summary`.  The step holds no host callback: the run clock takes its
+stamps when NumPyro's progress bar reads the state (:mod:`~numpyro_sg.kernels.progress`).
 
 The gradient-based kernels share one more layer, :class:`~numpyro_sg.kernels.gradient.GradientKernel`
 (warmup, preconditioner, gradient estimate, guard).  Convergence is checked at the points the
@@ -22,7 +21,6 @@ package owns: :func:`numpyro_sg.check_convergence` and :func:`numpyro_sg.to_infe
 
 from __future__ import annotations
 
-import time
 import warnings
 from typing import Callable
 
@@ -44,6 +42,7 @@ from numpyro_sg.infer.run_clock import RunClock
 from numpyro_sg.infer.model_info import structure_only
 from numpyro_sg.kernels.data_cache import PerDataCache
 from numpyro_sg.kernels.guard import diverged_iterations
+from numpyro_sg.kernels.progress import ProgressText
 
 __all__ = ["SGKernel", "DivergenceWarning", "split_init_key", "all_finite", "check_choice",
            "check_positive", "program_settings", "EMBEDDED_DATA_WARN_BYTES",
@@ -53,11 +52,6 @@ __all__ = ["SGKernel", "DivergenceWarning", "split_init_key", "all_finite", "che
 #: the kernels warn (:class:`EmbeddedDataWarning`) when NumPyro's loop would compile more data
 #: than this into its program as constants (``MCMC(..., jit_model_args=False)``, the default)
 EMBEDDED_DATA_WARN_BYTES = 16 * 2**20
-
-#: seconds between two readings of the state for the progress bar's text: each reading waits for
-#: the step in flight (read at every iteration, a fast kernel's single chain ran 5–10% slower)
-DIAGNOSTICS_INTERVAL = 0.25
-
 
 class EmbeddedDataWarning(UserWarning):
     """The data are compile-time constants of NumPyro's sampling loop (``MCMC``'s default
@@ -136,7 +130,7 @@ def program_settings(obj, skip=()) -> tuple | None:
     return tuple(out)
 
 
-class SGKernel(MCMCKernel):
+class SGKernel(ProgressText, MCMCKernel):
     """Base class of the stochastic-gradient kernels (not used directly).
 
     :param model: a NumPyro model whose likelihood sits in a subsample plate
@@ -172,6 +166,8 @@ class SGKernel(MCMCKernel):
         self._warned_embedded = False
         self._clock = RunClock()
         self._diagnostics_shown = None   # (time, text) of the progress bar's last reading
+        self._diagnostics_calls = 0      # NumPyro's requests for it since init
+        self._vectorized = False
 
     # -- NumPyro's MCMCKernel contract -----------------------------------------------------
     @property
@@ -211,8 +207,8 @@ class SGKernel(MCMCKernel):
         """One iteration of every chain: :meth:`step`, ``vmap``-ed for vectorised chains."""
         model_kwargs = {} if model_kwargs is None else model_kwargs
         self._warn_embedded_data(state, model_args, model_kwargs)
-        if not jax.config.jax_compilation_cache_dir:  # (a persistent program holds no callback)
-            self._clock.tick(state.i)
+        if self.is_ensemble_kernel and is_prng_key(state.rng_key):  # a run after MCMC.warmup
+            return self._sample_with_one_key(state, model_args, model_kwargs)
         state = self._between_steps(state)
         if is_prng_key(state.rng_key):
             new = self.step(state, model_args, model_kwargs)
@@ -221,7 +217,8 @@ class SGKernel(MCMCKernel):
         return new
 
     #: instance attributes that are no setting of the compiled programs (caches, ``init``'s products)
-    NOT_SETTINGS = ("_fits", "_mb", "_unravel", "_sample_fn", "_warned_embedded", "_clock", "_diagnostics_shown")
+    NOT_SETTINGS = ("_fits", "_mb", "_unravel", "_sample_fn", "_warned_embedded", "_clock", "_diagnostics_shown",
+                    "_diagnostics_calls", "_vectorized")
 
     def _program_key(self, *parts, arguments=()):
         """Key of one of this kernel's compiled programs (:func:`~numpyro_sg.infer.programs.
@@ -268,10 +265,13 @@ class SGKernel(MCMCKernel):
             if isinstance(value, PerDataCache):
                 value.clear()
 
-    def _start_init(self, num_warmup):
-        """What every ``init`` does first: keep ``num_warmup``, open a segment of the run clock."""
+    def _start_init(self, num_warmup, rng_key):
+        """What every ``init`` does first: keep ``num_warmup`` and whether the chains are
+        vectorised (a batch of keys), open a segment of the run clock."""
         self._num_warmup = int(num_warmup)
+        self._vectorized = rng_key is not None and not is_prng_key(rng_key)
         self._clock.start()
+        self._diagnostics_shown, self._diagnostics_calls = None, 0
 
     def sampling_seconds(self, state, segments: int = 1) -> float | None:
         """Wall seconds of the last run ending in ``state`` (``mcmc.last_state``), from the start
@@ -337,22 +337,6 @@ class SGKernel(MCMCKernel):
                 return constrain_fn(model, model_args, model_kwargs, params, return_deterministic=True)
 
         return postprocess
-
-    def get_diagnostics_str(self, state):
-        """The progress bar's text, :meth:`diagnostics_text`, read from ``state`` at most every
-        :data:`DIAGNOSTICS_INTERVAL` seconds (NumPyro asks at every iteration)."""
-        now = time.monotonic()
-        shown = self._diagnostics_shown
-        if shown is None or now - shown[0] >= DIAGNOSTICS_INTERVAL:
-            shown = self._diagnostics_shown = (now, self.diagnostics_text(state))
-        return shown[1]
-
-    def diagnostics_text(self, state) -> str:
-        """The progress bar's text: the mean step size, and DIVERGED once a chain blew up."""
-        msg = f"step size {float(jnp.mean(state.step_size)):.2e}"
-        if bool(jnp.any(state.diverging)):
-            msg += ", DIVERGED"
-        return msg
 
     def convergence_report(self, state) -> list:
         """Problems of a finished run beyond R̂, ESS and drift (default: none): sentences, or

@@ -199,7 +199,7 @@ class GradientKernel(SGKernel):
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         model_kwargs = {} if model_kwargs is None else model_kwargs
-        self._start_init(num_warmup)
+        self._start_init(num_warmup, rng_key)
         self._set_adaptation_schedule()
         batched, rng_key, key_init = split_init_key(rng_key)
         info, fit = self._plan(key_init, init_params, model_args, model_kwargs)

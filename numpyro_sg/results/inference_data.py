@@ -211,6 +211,7 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     ksd_options = _checked_ksd_options(mcmc, ksd_options, check)
     model, model_args, model_kwargs = run_model(mcmc, model, model_args, model_kwargs)
     model_args, model_kwargs = auto_view(model_args, model_kwargs)  # data on an Explicit mesh
+    sampling_time = run_seconds(mcmc) if sampling_time is None else sampling_time
     with conversion_progress():  # one bar for a long conversion (its phases named on it)
         progress_phase("model traces")
         scores = ModelScores(model, model_args, model_kwargs)
@@ -219,7 +220,6 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
         affordable = affordable_draws(model, steps, 1000)  # per chain
         idata = _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood,
                                  log_likelihood_limit_gb, kwargs, local_groups, var_names, affordable // 2)
-        sampling_time = run_seconds(mcmc) if sampling_time is None else sampling_time
         _finish(idata, scores, sampling_time)
         diverged = _record_diverged(idata, mcmc)
         if ksd:

@@ -279,7 +279,7 @@ class ESGLD(SGKernel):
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         model_kwargs = {} if model_kwargs is None else model_kwargs
-        self._start_init(num_warmup)
+        self._start_init(num_warmup, rng_key)
         check_not_parallel(model_args, model_kwargs, isinstance(rng_key, jax.core.Tracer))
         with eager_under_trace(rng_key):  # structural work stays eager under pmap too
             setup = self._prepare(model_args, model_kwargs)

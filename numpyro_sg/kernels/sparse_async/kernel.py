@@ -210,7 +210,7 @@ class SparseAsync(SGKernel):
     # -- init ----------------------------------------------------------------------------------
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         model_kwargs = {} if model_kwargs is None else model_kwargs
-        self._start_init(num_warmup)
+        self._start_init(num_warmup, rng_key)
         check_not_parallel(model_args, model_kwargs, isinstance(rng_key, jax.core.Tracer))
         batched, rng_key, key_init = split_init_key(rng_key)
         num_chains = jnp.shape(rng_key)[0] if batched else None
