@@ -19,7 +19,9 @@ cost besides the iterations (:func:`mcmc_rates`).
 iterations): test RMSE of the posterior-mean prediction against the oracle limit
 σ·√(1 + k/n̄_user + k/n̄_item) (:func:`numpyro_sg.datasets.ratings.oracle_rmse`), warmup and
 sampling seconds, divergence, and the running average's RMSE after 2,000, 5,000, … sampling
-iterations (``--samples 100000 --thinning 50`` for the convergence table of the docs).
+iterations (``--samples 100000 --thinning 50`` for the convergence table of the docs), and
+what :func:`numpyro_sg.check_convergence` finds: the lowest bulk ESS, the largest drift and the
+run length its warning asks for (bulk ESS 100, ESS growing in proportion to the draws).
 Peak memory: run under ``/usr/bin/time -v``::
 
     python benchmarks/bench_bpmf.py --part speed
@@ -159,6 +161,8 @@ def accuracy(args_ns, data, model):
         jax.block_until_ready(samples)
         t2 = time.perf_counter()
     trace = ds.rmse_trace(samples, data, offset=0.0)
+    table = nsg.check_convergence(mcmc, warn=False)   # the end-of-run check a user would run
+    ess_min, draws = float(table["ess_bulk"].min()), args_ns.samples // args_ns.thinning
     mode = kernel.unravel(kernel.mode_fit.mode)
     pred = ds.bpmf_predict(mode["U"], mode["V"], data.test_users, data.test_items)
     oracle = ds.oracle_rmse(data)
@@ -175,6 +179,8 @@ def accuracy(args_ns, data, model):
         noise_sd=data.noise_sd, stiffness=round(fit.stiffness, 2),
         diverged=bool(np.any(np.asarray(mcmc.get_extra_fields()["diverging"]))),
         warnings=sorted({type(w.message).__name__ for w in caught}),
+        ess_bulk_min=round(ess_min, 1), drift_max=round(float(table["drift"].max()), 2),
+        iterations_for_ess_100=round(draws * 100 / ess_min * args_ns.thinning) if ess_min > 0 else None,
         load_average=os.getloadavg()[0],
     )), flush=True)
 

@@ -363,7 +363,7 @@ def test_vectorised_chains_show_their_text_and_run_after_mcmc_warmup(progress_ba
     """The kernels are NumPyro "ensemble kernels" once ``init`` saw vectorised chains (NumPyro
     then shows their progress text); NumPyro gives such a kernel's ``run`` after ``MCMC.warmup``
     one key for all chains, from which each iteration splits one per chain: the chains differ
-    and sample the posterior of a normal mean (exact: mean ȳ·N/(N + 1/100), sd ≈ 1/√N; the
+    and sample the posterior of a normal mean (one chain's state still steps alone) (exact: mean ȳ·N/(N + 1/100), sd ≈ 1/√N; the
     tolerance, 5 sds of the mean of 3 × 400 autocorrelated draws, is loose for SGLD's
     bias at this step)."""
     y = np.random.default_rng(0).normal(1.0, 1.0, 5_000)
@@ -387,3 +387,6 @@ def test_vectorised_chains_show_their_text_and_run_after_mcmc_warmup(progress_ba
     sequential = nsg.SGLD(model)
     sequential.init(jax.random.PRNGKey(0), 10, None, (y,), {})
     assert not sequential.is_ensemble_kernel
+    batch = kernel.init(jax.random.split(jax.random.PRNGKey(2), 3), 10, None, (y,), {})
+    one = kernel.sample(jax.tree.map(lambda leaf: leaf[0], batch), (y,), {})  # one chain of them
+    assert np.shape(one.z["mu"]) == () and int(one.i) == 1

@@ -209,7 +209,8 @@ def check_convergence(obj, *, rhat_max: float = 1.05, ess_min: float = 100, drif
     table = convergence_table(samples)
     table["ok"] = (table["r_hat"] <= rhat_max) & (table["ess_bulk"] >= ess_min) & (table["drift"] <= drift_max)
     if warn and (not table["ok"].all() or extra_problems):
-        warnings.warn(_message(table, label, rhat_max, ess_min, drift_max, list(extra_problems)),
+        draws = max((np.shape(v)[1] for v in samples.values() if np.ndim(v) >= 2), default=0)
+        warnings.warn(_message(table, label, rhat_max, ess_min, drift_max, list(extra_problems), draws),
                       ConvergenceWarning, stacklevel=2)
     return table
 
@@ -245,9 +246,21 @@ def _multimodal(table, rhat_max, drift_max) -> str | None:
             + ": the chains are stuck in different modes")
 
 
-def _message(table, label, rhat_max, ess_min, drift_max, findings) -> str:
+def _draws_needed(ess, draws, ess_min) -> str:
+    """How long a run would reach ``ess_min``, bulk ESS growing in proportion to the draws of a
+    stationary chain: ``draws · ess_min / ess`` per chain (two significant digits; a lower bound
+    while the chain still drifts, whose ESS overstates what it has)."""
+    if not (draws and np.isfinite(ess) and ess > 0):
+        return ""
+    needed = float(f"{draws * ess_min / ess:.2g}")
+    return (f" (ESS grows about in proportion to the draws: at this rate about {needed:,.0f} draws "
+            f"per chain, {needed / draws:.2g}× this run's {draws:,}, would reach {ess_min:.0f})")
+
+
+def _message(table, label, rhat_max, ess_min, drift_max, findings, draws=0) -> str:
     """The warning: the kernel's findings (``(problem, remedy)`` pairs or sentences), the sites at
-    fault, and the remedies of the causes found (generic ones when no cause is named)."""
+    fault, and the remedies of the causes found (generic ones when no cause is named); with the
+    run's ``draws`` per chain, the run length that low ESS asks for."""
     problems = [f[0] if isinstance(f, tuple) else f for f in findings]
     remedies = [f[1] for f in findings if isinstance(f, tuple)]
     explained = any(isinstance(f, tuple) and len(f) > 2 and f[2] for f in findings)
@@ -263,7 +276,7 @@ def _message(table, label, rhat_max, ess_min, drift_max, findings) -> str:
     bad = table[~(table["ess_bulk"] >= ess_min)]
     if len(bad):
         problems.append("bulk ESS " + ", ".join(f"{e:.0f} for '{n}'" for n, e in zip(bad.index, bad["ess_bulk"]))
-                        + f" < {ess_min:.0f}")
+                        + f" < {ess_min:.0f}" + _draws_needed(bad["ess_bulk"].min(), draws, ess_min))
     bad = table[table["drift"] > drift_max]
     if len(bad):
         problems.append("still drifting: the first and last thirds of a chain's draws differ by "

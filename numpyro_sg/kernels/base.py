@@ -207,7 +207,7 @@ class SGKernel(ProgressText, MCMCKernel):
         """One iteration of every chain: :meth:`step`, ``vmap``-ed for vectorised chains."""
         model_kwargs = {} if model_kwargs is None else model_kwargs
         self._warn_embedded_data(state, model_args, model_kwargs)
-        if self.is_ensemble_kernel and is_prng_key(state.rng_key):  # a run after MCMC.warmup
+        if is_prng_key(state.rng_key) and jnp.ndim(state.i):  # chains given one key (after MCMC.warmup)
             return self._sample_with_one_key(state, model_args, model_kwargs)
         state = self._between_steps(state)
         if is_prng_key(state.rng_key):
