@@ -3,11 +3,11 @@
 With its progress bar on (its default), NumPyro runs the sampling loop from Python, one compiled
 step per iteration (unless several chains run in parallel), and asks the kernel for the bar's
 text after every iteration.  :class:`ProgressText` answers from the state every
-:data:`DIAGNOSTICS_INTERVAL` seconds (and at the 1st, 2nd, 4th, … iteration), and each reading stamps the run clock with the iteration
-it read (:mod:`~numpyro_sg.infer.run_clock`), which times the run without any host callback in
-the step: a step holding one (it carries an effect) leaves JAX's fast dispatch path, which cost
-about 0.35 ms an iteration here (a second run of 4 × 3,000 iterations at N = 10⁵: 1.6 s against
-0.5 s).
+:data:`DIAGNOSTICS_INTERVAL` seconds (and at the 1st, 2nd, 4th, … iteration), and each reading
+stamps the run clock with the iteration it read (:mod:`~numpyro_sg.infer.run_clock`), which
+times the run without any host callback in the step: a step holding one (it carries an effect)
+leaves JAX's fast dispatch path, which cost about 0.35 ms an iteration here (a second run of
+4 × 3,000 iterations at N = 10⁵: 1.6 s against 0.5 s).
 
 NumPyro asks vectorised chains for the text only when the kernel is an *ensemble kernel*; the
 kernels say they are one once ``init`` has seen vectorised chains.  NumPyro then starts the
