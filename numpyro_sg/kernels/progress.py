@@ -22,7 +22,7 @@ import time
 import jax.numpy as jnp
 from jax import random
 
-__all__ = ["ProgressText", "DIAGNOSTICS_INTERVAL"]
+__all__ = ["ProgressText"]
 
 #: seconds between two readings of the state for the progress bar's text: each reading waits for
 #: the step in flight (read at every iteration, a fast kernel's single chain ran 5–10% slower)
