@@ -35,15 +35,8 @@ from numpyro_sg.infer.minibatch import Anchor, jit_with_data, subsample_plates
 from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.infer.sharded_minibatch import is_sharded, make_minibatcher
 from numpyro_sg.infer.sharding import auto_view, check_not_parallel, eager_under_trace
-from numpyro_sg.infer.preconditioner import (
-    Preconditioner,
-    adapted_preconditioner,
-    from_working,
-    init_moments,
-    laplace_draw,
-    to_working,
-    update_moments,
-)
+from numpyro_sg.infer.preconditioner import (Preconditioner, adapted_preconditioner, from_working, init_moments,
+                                             laplace_draw, to_working, update_moments)
 from numpyro_sg.infer.progress import warmup_progress
 from numpyro_sg.infer.warmup import ModeFit, WarmupOptions, find_mode
 from numpyro_sg.infer.programs import tree_signature
@@ -51,7 +44,8 @@ from numpyro_sg.kernels.base import SGKernel, all_finite, check_choice, search_t
 from numpyro_sg.kernels.data_cache import PerDataCache
 from numpyro_sg.kernels.guard import freeze, guarded_update, init_guard, rms
 from numpyro_sg.kernels.moves import ema
-from numpyro_sg.locals.model import anchor_gradient, integrate_locals
+from numpyro_sg.locals.fitting import anchor_gradient, log_marginal_batcher
+from numpyro_sg.locals.model import integrate_locals
 from numpyro_sg.kernels.report import chain_moments, frozen_chains, frozen_report, misfit_report
 
 __all__ = ["GradientKernel", "gradient_state", "PRECONDITIONERS", "GRADIENTS", "GRADIENT_STATE_FIELDS"]
@@ -164,7 +158,7 @@ class GradientKernel(SGKernel):
         return init_params is None and self._init_strategy is None
 
     def _search_mode(self, info, model_args, model_kwargs):
-        fit = find_mode(self._mb, info, self._unravel, model_args, model_kwargs, self.warmup_options)
+        fit = find_mode(log_marginal_batcher(self._mb), info, self._unravel, model_args, model_kwargs, self.warmup_options)
         if not fit.converged:
             warnings.warn(
                 f"{type(self).__name__}: the warmup's mode search did not converge in "

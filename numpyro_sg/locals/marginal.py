@@ -226,11 +226,18 @@ def importance_marginal(f: Callable, n: int, k: int, dtype, key, num_draws: int,
 
 
 def imputation_surrogate(f: Callable, n: int, k: int, dtype, key, num_draws: int,
-                         newton_steps: int = 25) -> LocalEstimate:
+                         newton_steps: int = 25, gaussian: bool = False) -> LocalEstimate:
     """Algorithm S1's multiple imputation: the mean of f over m Gaussian draws from the (Laplace)
     conditional, draws held fixed.  Its θ-gradient is (1/m) Σ_s ∇_θ log p(y_g, b_s | θ); its
-    value is not the log marginal (it lacks the entropy term)."""
-    bhat, C = conditional_mode(f, n, k, dtype, newton_steps)
+    value is not the log marginal (it lacks the entropy term).  ``gaussian``: the conditional
+    is Gaussian, its mode one Newton step from 0 (else damped Newton steps, at most
+    ``newton_steps``)."""
+    if gaussian:
+        _, g0, H = group_hessians(f, jnp.zeros((n, k), dtype))
+        C = _chol_neg(H)
+        bhat, C = jax.lax.stop_gradient(_solve_neg(C, g0)), jax.lax.stop_gradient(C)
+    else:
+        bhat, C = conditional_mode(f, n, k, dtype, newton_steps)
     draws, _ = student_t_draws(key, bhat, C, num_draws, jnp.inf)
     value = jnp.mean(jax.vmap(f)(draws), axis=0)
     return LocalEstimate(value, bhat, _cov_sd(C), jnp.full((n,), float(num_draws), dtype))

@@ -18,7 +18,8 @@ from their conditional at each iteration; here they are integrated out per group
 * ``"importance"``: Fisher's identity with ``num_draws`` self-normalised importance draws from a
   per-group Laplace Student-t proposal;
 * ``"imputation"``: Algorithm S1 as written (``num_draws`` Gaussian draws from the conditional,
-  equal weights);
+  equal weights) in the sampling steps; its value is not a log marginal, so the warmup's mode
+  search and the full-data scores (KSD, log-likelihood) use :meth:`MarginalModel.with_log_marginal`;
 * ``"auto"`` (default): ``"gaussian"`` when detected, else ``"importance"``.
 
 The random numbers of a mini-batch are a function of its indices (a hash), so the two
@@ -29,10 +30,8 @@ random numbers, and the mode search sees a deterministic objective.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import warnings
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
@@ -40,7 +39,6 @@ from jax import random
 from numpyro.primitives import Messenger
 
 from numpyro_sg.infer.jit_data import jit_with_data
-from numpyro_sg.infer.programs import placement_key, tree_signature
 from numpyro_sg.infer.model_info import ModelInfo, plates_of, structure_only_active, trace_model
 from numpyro_sg.locals.marginal import (
     LocalEstimate,
@@ -68,6 +66,8 @@ ANCHOR_DRAWS = 4096
 #: proposals per group and draw of the sampling-importance-resampling draws of non-Gaussian locals
 RESAMPLING_DRAWS = 256
 
+#: importance draws per group by default, and at least in the log-marginal copy of an imputation
+IMPORTANCE_DRAWS = 16
 #: accepted values of ``method``
 METHODS = ("auto", "gaussian", "importance", "imputation")
 
@@ -128,7 +128,7 @@ class MarginalModel:
     first trace of the data) calling it runs the original model.
     """
 
-    def __init__(self, model, method="auto", num_draws=16, df=4.0, newton_steps=25, seed=0,
+    def __init__(self, model, method="auto", num_draws=IMPORTANCE_DRAWS, df=4.0, newton_steps=25, seed=0,
                  min_ess=None, anchor_draws=ANCHOR_DRAWS):
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
@@ -140,6 +140,7 @@ class MarginalModel:
         self.anchor_draws = max(int(anchor_draws), self.num_draws)
         self.sites, self.plate, self.resolved, self.plate_size = None, None, None, None
         self.batch_size = None   # groups per mini-batch, known once prepared
+        self.gaussian_locals = None   # conditionally Gaussian, known once prepared (auto, imputation)
 
     def _identity(self) -> tuple:
         """What the marginal computes: the model, the settings and, once prepared, the sites,
@@ -148,7 +149,7 @@ class MarginalModel:
         same shapes, or a tuner's arm, compiles nothing the first did not."""
         return (self.model, self.method, self.num_draws, self.df, self.newton_steps, self.seed,
                 self.min_ess, self.anchor_draws, None if self.sites is None else tuple(self.sites),
-                self.plate, self.resolved, self.plate_size, self.batch_size)
+                self.plate, self.resolved, self.plate_size, self.batch_size, self.gaussian_locals)
 
     def __eq__(self, other):
         return type(other) is type(self) and other._identity() == self._identity()
@@ -176,6 +177,18 @@ class MarginalModel:
         precise = copy.copy(self)
         precise.num_draws = int(num_draws)
         return precise
+
+    def with_log_marginal(self) -> "MarginalModel":
+        """This model, or for ``"imputation"`` a copy whose value estimates log p(y_g | θ)
+        (``"gaussian"`` for conditionally Gaussian locals, else ``"importance"``): Algorithm S1's
+        surrogate has the right θ-gradient in expectation, but its value lacks the conditional's
+        entropy, so a mode search on it, or full-data scores from a few draws, would be wrong."""
+        if self.resolved != "imputation":
+            return self
+        exact = copy.copy(self)
+        exact.resolved = "gaussian" if self.gaussian_locals else "importance"
+        exact.num_draws = max(self.num_draws, IMPORTANCE_DRAWS)
+        return exact
 
     def prepare(self, info: ModelInfo, model_args=(), model_kwargs=None):
         """Find and check the locals of the traced model, pick the method (``"auto"``: the per-group
@@ -209,12 +222,14 @@ class MarginalModel:
             return program(fixed, indices, *extra)
 
         resolved = self.method
-        if resolved == "auto":
+        if resolved in ("auto", "imputation"):
             H0 = np.asarray(check("hessians", (jnp.zeros((n, self.k), dtype),)))
             b1 = 0.5 + 0.3 * random.normal(random.PRNGKey(1), (n, self.k), dtype)
             H1 = np.asarray(check("hessians", (b1,)))
             tol = 1e-4 * max(float(np.max(np.abs(H0))), 1e-12)
-            resolved = "gaussian" if np.allclose(H0, H1, rtol=1e-4, atol=tol) else "importance"
+            self.gaussian_locals = bool(np.allclose(H0, H1, rtol=1e-4, atol=tol))
+            if resolved == "auto":
+                resolved = "gaussian" if self.gaussian_locals else "importance"
         self.resolved = resolved
         if resolved == "importance":
             self.warn_ess(check("estimate", ()).ess)
@@ -238,7 +253,8 @@ class MarginalModel:
             return gaussian_marginal(f, n, self.k, dtype)
         key = batch_key(self.seed, idx)
         if self.resolved == "imputation":
-            return imputation_surrogate(f, n, self.k, dtype, key, self.num_draws, self.newton_steps)
+            return imputation_surrogate(f, n, self.k, dtype, key, self.num_draws, self.newton_steps,
+                                        self.gaussian_locals)
         return importance_marginal(f, n, self.k, dtype, key, self.num_draws, self.df, self.newton_steps)
 
     def draw(self, f, n, dtype, key):
@@ -308,7 +324,7 @@ class MarginalModel:
         return out
 
 
-def marginalize_locals(model, *, method="auto", num_draws=16, df=4.0, newton_steps=25, seed=0,
+def marginalize_locals(model, *, method="auto", num_draws=IMPORTANCE_DRAWS, df=4.0, newton_steps=25, seed=0,
                        min_ess=None, anchor_draws=ANCHOR_DRAWS) -> MarginalModel:
     """The model with the local latent variables of its subsample plate integrated out.
 
@@ -340,29 +356,6 @@ def marginalize_locals(model, *, method="auto", num_draws=16, df=4.0, newton_ste
     return MarginalModel(model, method, num_draws, df, newton_steps, seed, min_ess, anchor_draws)
 
 
-def anchor_gradient(mb, fit, unravel, model_args=(), model_kwargs=None, chunk_size=65536):
-    """The warmup's ``fit`` with its full-data gradient (the control-variate anchor's) recomputed
-    at the mode with ``anchor_draws`` draws per group, when the kernel's model (``mb.model``)
-    integrates its locals out by Monte Carlo; ``fit`` unchanged otherwise.
-
-    The control-variate estimate ∇̂ = ∇ log π(θ̂) + (N/n) Σ_batch [∇ℓ_g(θ) − ∇ℓ_g(θ̂)] is
-    unbiased only if its anchor term is: a Monte Carlo error in ∇ log π(θ̂) is the same at every
-    step and does not average out.  Rows are visited in chunks shrunk by num_draws/anchor_draws,
-    so the pass needs the memory of an ordinary one.
-    """
-    model = mb.model
-    if not (isinstance(model, MarginalModel) and model.sampled) or model.anchor_draws <= model.num_draws:
-        return fit
-    precise = copy.copy(mb)
-    precise.model = model.with_num_draws(model.anchor_draws)
-    chunk = max(1, chunk_size * model.num_draws // model.anchor_draws)
-    key = ("anchor_gradient", precise.model._identity(), mb.plates, mb.replace, placement_key(mb), chunk,
-           tree_signature(unravel(fit.mode)))   # what the pass computes: shared by equal kernels
-    _, grad = jit_with_data(lambda x, a, k: precise.full_value_and_grad_fn(unravel, a, k, chunk)(x),
-                            model_args, model_kwargs or {}, key=key, name="anchor_gradient")(fit.mode)
-    return dataclasses.replace(fit, grad=jnp.asarray(grad, fit.grad.dtype))
-
-
 def integrate_locals(model, info: ModelInfo, model_args=(), model_kwargs=None):
     """The kernels' hook: ``model`` unchanged when the traced model ``info`` has no latent site
     inside a subsample plate, else the prepared :class:`MarginalModel` (a :class:`MarginalModel`
@@ -377,5 +370,5 @@ def integrate_locals(model, info: ModelInfo, model_args=(), model_kwargs=None):
     if info.subsample_plates.get(model.plate) == (model.plate_size, model.batch_size):
         return model
     fresh = copy.copy(model)   # prepared for data of other sizes: prepared again, as a copy
-    fresh.resolved = None
+    fresh.resolved = fresh.gaussian_locals = None
     return fresh.prepare(trace_model(model.model, model_args, model_kwargs), model_args, model_kwargs)

@@ -35,6 +35,7 @@ from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.infer.progress import progress_steps
+from numpyro_sg.locals.fitting import log_marginal_of
 from numpyro_sg.locals.model import MarginalModel, integrate_locals
 
 __all__ = ["local_posterior", "local_draws", "add_local_posterior", "add_local_draws",
@@ -315,11 +316,12 @@ def decentred(model, names):
 
 
 def marginal_of(model, model_args=(), model_kwargs=None):
-    """The model as the gradient kernels sample it: the prepared :class:`MarginalModel` of a model
-    with local latents (its options kept when ``model`` is one already), ``model`` itself when it
-    has none (its latent sites are then all globals)."""
+    """The globals' marginal as the gradient kernels sample it, to fit or score: the prepared
+    :class:`MarginalModel` of a model with local latents (its options kept when ``model`` is one
+    already; an imputation's log-marginal copy, :func:`log_marginal_of`), ``model`` itself when
+    it has none (its latent sites are then all globals)."""
     base = model.model if isinstance(model, MarginalModel) else model
-    return integrate_locals(model, trace_model(base, model_args, model_kwargs), model_args, model_kwargs)
+    return log_marginal_of(integrate_locals(model, trace_model(base, model_args, model_kwargs), model_args, model_kwargs))
 
 
 def compare_locals(local_group, reference_posterior) -> pd.DataFrame | None:

@@ -18,8 +18,7 @@ Stein discrepancy of the run (full-data scores) to ``sample_stats``.  Its groups
   ``ksd_per_coordinate`` and :func:`numpyro_sg.posterior_summary` leave them out, with a
   :class:`~numpyro_sg.DivergenceWarning` naming them.  With ArviZ directly, select the other
   chains first: ``idata.isel(chain=[c for c in range(idata.posterior.sizes["chain"]) if c not
-  in idata.sample_stats.attrs["diverged_chains"]])`` (with ArviZ ≥ 1 add
-  ``missing_dims="ignore"``).
+  in idata.sample_stats.attrs["diverged_chains"]])`` (ArviZ ≥ 1: ``missing_dims="ignore"``).
 * ``stein``: the scored draws (``unconstrained`` and ``score``, dims
   ``(chain, draw, coordinate)``) and ``ksd_per_coordinate``, so that :func:`numpyro_sg.ksd`,
   :func:`numpyro_sg.posterior_summary` and :func:`numpyro_sg.compare_to_reference` recompute
@@ -44,9 +43,9 @@ import xarray as xr
 from numpyro import handlers
 
 from numpyro_sg.arviz_compat import drop_group, from_numpyro, get_group, has_group, set_group
+from numpyro_sg.locals.fitting import log_marginal_of
 from numpyro_sg.locals.model import MarginalModel
-from numpyro_sg.locals.posterior import (MIN_AFFORDABLE_DRAWS, add_local_draws, add_local_posterior,
-                                         affordable_draws)
+from numpyro_sg.locals.posterior import MIN_AFFORDABLE_DRAWS, add_local_draws, add_local_posterior, affordable_draws
 from numpyro_sg.diagnostics.convergence import check_convergence
 from numpyro_sg.diagnostics.model_scores import (STEIN_GROUP, ModelScores, full_data_model, ksd_of_stein,
                                                  resolve_run_scales, run_model, run_samples, stein_dataset)
@@ -210,6 +209,7 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     """
     ksd_options = _checked_ksd_options(mcmc, ksd_options, check)
     model, model_args, model_kwargs = run_model(mcmc, model, model_args, model_kwargs)
+    model = log_marginal_of(model)  # (an imputation's surrogate is not a log density)
     model_args, model_kwargs = auto_view(model_args, model_kwargs)  # data on an Explicit mesh
     sampling_time = run_seconds(mcmc) if sampling_time is None else sampling_time
     with conversion_progress():  # one bar for a long conversion (its phases named on it)

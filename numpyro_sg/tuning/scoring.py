@@ -23,6 +23,7 @@ from numpyro_sg.diagnostics.fssd import fssd
 from numpyro_sg.diagnostics.ksd import ksd, ksd_u_statistic, signed_sqrt
 from numpyro_sg.diagnostics.model_scores import ModelScores
 from numpyro_sg.infer.minibatch import Anchor
+from numpyro_sg.locals.fitting import log_marginal_of
 
 __all__ = ["MIN_ESS", "NUM_BLOCKS", "Scorer", "pooled", "num_draws", "unscored", "even_indices", "ranked", "no_riskier"]
 
@@ -64,7 +65,7 @@ class Scorer:
         self.score_draws = score_draws
         self.ksd_options = dict(ksd_options or {})
         self.postprocess = None  # set by attach() once a kernel is initialised
-        self.scores = ModelScores(model, model_args, model_kwargs)
+        self.scores = ModelScores(log_marginal_of(model), model_args, model_kwargs)
         self.fit = None if geometry is None else geometry[0]
         self.rng_key = rng_key
         self._stochastic = None
