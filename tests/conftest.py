@@ -97,6 +97,7 @@ HEAVY = (
     "tests/test_local_latents.py::test_local_draws_of_chosen_groups_follow_their_conditional_and_round_trip",
     "tests/test_local_latents.py::test_nuts_reference_runs_on_the_joint_model_and_refuses_an_unaffordable_one",
     "tests/test_local_latents.py::test_gaussian_locals_give_the_exact_marginal_gradient_float64",
+    "tests/test_local_latents.py::test_algorithm_s1_imputation_fits_and_scores_the_log_marginal",
     "tests/test_local_latents.py::test_sampled_locals_give_the_exact_gradient_on_gaussian_locals[importance]",
     "tests/test_mode_search.py::test_starts_stopped_on_a_slope_are_not_called_local_modes",
     "tests/test_mode_search.py::test_starts_on_a_ridge_of_a_unimodal_mixed_model_are_not_called_local_modes",
