@@ -296,3 +296,26 @@ def test_starts_on_a_ridge_of_a_unimodal_mixed_model_are_not_called_local_modes(
     assert not [w for w in caught if "multimodal" in str(w.message)]
     far = kernel.mode_fit.log_density - np.asarray(kernel.mode_fit.start_log_densities) > 100
     assert far.sum() >= 3  # the situation arose: starts ended far below the mode
+
+
+def test_the_first_rounds_concavity_check_stops_at_the_first_indefinite_start():
+    """Every start of a hierarchical model's first round is indefinite (on the simulated
+    MovieLens mixed model, all eight were): the check must not pay a full-data Hessian at
+    each of them.  A log-concave round still checks every start."""
+    from numpyro_sg.infer.multistart import first_round_concave
+
+    starts, values = np.zeros((4, 2)), np.zeros(4)
+    seen = []
+
+    def curvature(neg_h):
+        def at(x):
+            seen.append(x)
+            return neg_h
+        return at
+
+    assert not first_round_concave(starts, values, curvature(np.diag([1.0, -1.0])))
+    assert len(seen) == 1
+    seen.clear()
+    assert first_round_concave(starts, values, curvature(np.eye(2)))
+    assert len(seen) == 4
+    assert not first_round_concave(starts, np.array([0.0, -np.inf, 0.0, 0.0]), curvature(np.eye(2)))

@@ -29,6 +29,9 @@ from numpyro_sg.datasets.bpmf import hierarchical_bpmf_model, known_factors_rmse
 __all__ = [
     "simulate_logistic_regression",
     "logistic_regression_model",
+    "simulate_linear_regression",
+    "linear_regression_model",
+    "linear_regression_posterior",
     "simulate_esgld_linear",
     "simulate_esgld_logistic",
     "esgld_linear_model",
@@ -80,6 +83,44 @@ def logistic_regression_model(X, y=None, subsample_size: int = 1000, prior_scale
     N, d = X.shape
     theta = numpyro.sample("theta", dist.Normal(0.0, prior_scale).expand([d]).to_event(1))
     _data_plate(X, y, subsample_size, lambda Xb: dist.Bernoulli(logits=Xb @ theta))
+
+
+def simulate_linear_regression(num_data: int = 100_000, dim: int = 10, seed: int = 0, noise_scale: float = 1.0):
+    """Linear-regression data: X ~ N(0, I) (float32), θ* ~ N(0, I), y = X·θ* + N(0, noise_scale²).
+
+    Returns ``(X, y, theta_true)`` as NumPy arrays; :func:`linear_regression_posterior` gives the
+    exact posterior of :func:`linear_regression_model` on them.
+    """
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((num_data, dim)).astype(np.float32)
+    theta = rng.standard_normal(dim)
+    y = (X @ theta + noise_scale * rng.standard_normal(num_data)).astype(np.float32)
+    return X, y, theta.astype(np.float32)
+
+
+def linear_regression_model(X, y=None, subsample_size: int = 1000, prior_scale: float = 10.0,
+                            noise_scale: float = 1.0):
+    """Bayesian linear regression with a known noise sd, θ ~ N(0, prior_scale²·I),
+    y_i ~ N(x_iᵀθ, noise_scale²), with a subsample plate: a conjugate model whose posterior is
+    known exactly (:func:`linear_regression_posterior`)."""
+    N, d = X.shape
+    theta = numpyro.sample("theta", dist.Normal(0.0, prior_scale).expand([d]).to_event(1))
+    _data_plate(X, y, subsample_size, lambda Xb: dist.Normal(Xb @ theta, noise_scale))
+
+
+def linear_regression_posterior(X, y, prior_scale: float = 10.0, noise_scale: float = 1.0):
+    """The exact posterior N(m, Σ) of :func:`linear_regression_model`, float64 NumPy:
+    Σ = (XᵀX/σ² + I/s²)⁻¹ and m = Σ·Xᵀy/σ² (σ = ``noise_scale``, s = ``prior_scale``).
+
+    >>> X = np.array([[1.0], [1.0]]); y = np.array([1.0, 3.0])
+    >>> mean, cov = linear_regression_posterior(X, y, prior_scale=1.0)
+    >>> float(mean[0]), float(cov[0, 0])     # (1 + 3)/(2 + 1), 1/(2 + 1)
+    (1.3333333333333333, 0.3333333333333333)
+    """
+    X, y = np.asarray(X, np.float64), np.asarray(y, np.float64)
+    precision = X.T @ X / noise_scale**2 + np.eye(X.shape[1]) / prior_scale**2
+    cov = np.linalg.inv(precision)
+    return cov @ (X.T @ y) / noise_scale**2, cov
 
 
 # -------------------------------------------------------------------------------------------

@@ -178,18 +178,20 @@ def explore_starts(starts, ascend, values_at, key, width: int, settled=None, rep
     return np.concatenate(values), np.concatenate(grads), np.concatenate(ends)
 
 
-def first_round_concave(starts, values, curvature_many) -> bool:
+def first_round_concave(starts, values, curvature) -> bool:
     """True when the first round shows a log-concave posterior as far as it can tell: every end
-    finite, and −H positive definite at every start (full Hessians, up to
-    :data:`EXACT_ASCENT_MAX` coordinates).  A GLM's starts then all climb to its one mode and
-    the other rounds are skipped; a mixture's dispersed starts meet indefinite curvature (two
-    components pulling one mean apart), and every round runs.  Agreement of the first ends
+    finite, and −H = ``curvature(x)`` (full, up to :data:`EXACT_ASCENT_MAX` coordinates)
+    positive definite at every start.  A GLM's starts then all climb to its one mode and the
+    other rounds are skipped; a mixture's dispersed starts meet indefinite curvature (two
+    components pulling one mean apart), and every round runs.  The starts are checked one at a
+    time and the first indefinite one ends the check: on a hierarchical model, where every
+    start is indefinite, it costs one Hessian, not one per start.  Agreement of the first ends
     alone is no such evidence: on a three-component mixture four starts all climbed to the same
     merged mode."""
     starts = np.asarray(starts)
     if not np.all(np.isfinite(values)) or starts.shape[1] > EXACT_ASCENT_MAX:
         return False
-    return all(bool(np.all(np.linalg.eigvalsh(np.asarray(h, np.float64)) > 0)) for h in curvature_many(starts))
+    return all(bool(np.all(np.linalg.eigvalsh(np.asarray(curvature(x), np.float64)) > 0)) for x in starts)
 
 
 def best_ends(values, ends, k: int):

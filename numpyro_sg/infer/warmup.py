@@ -348,7 +348,7 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         starts = start_candidates(x, info, partial(programs.prior_draws, info.model), options.num_starts, width,
                                   random.fold_in(key_opt, 3))
         small = options.start_batches(d, batches)
-        settled = partial(first_round_concave, curvature_many=lambda ys: programs.curvatures(ys, key_probe)
+        settled = partial(first_round_concave, curvature=lambda y: programs.dense_curvature(jnp.asarray(y))
                           ) if options.settle_early else None
         values, grads, ends = explore_starts(
             starts, lambda xs, keys: programs.adam_many(xs, keys, options.start_steps,
