@@ -76,6 +76,8 @@ def demo(num_data=100_000, dim=10, subsample_size=1000, num_warmup=1000, num_sam
 
 
 def main(argv=None):
+    """The ``numpyro-sg`` command: parse ``argv`` (``sys.argv[1:]`` when None) and run its
+    sub-command (``demo``, which prints its report); return the exit status, 0."""
     parser = argparse.ArgumentParser(prog="numpyro-sg", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="simulate a logistic regression, run SGLD and SGBD with "
