@@ -27,12 +27,9 @@ import numpy as np
 import xarray as xr
 from numpyro.infer import MCMC
 
-__all__ = [
-    "check_netcdf_writable",
-    "ARVIZ_MAJOR", "USES_DATATREE", "from_dict", "from_numpyro", "is_run_data", "group_names",
-    "has_group", "get_group", "set_group", "rename_vars", "select_chains", "to_netcdf",
-    "from_netcdf", "plot_densities", "ess",
-]
+__all__ = ["from_dict", "from_numpyro", "is_run_data", "group_names", "has_group", "get_group",
+           "set_group", "rename_vars", "select_chains", "to_netcdf", "from_netcdf",
+           "plot_densities"]
 
 #: the installed ArviZ's major version
 ARVIZ_MAJOR = int(az.__version__.split(".")[0])

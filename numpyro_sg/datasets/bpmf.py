@@ -36,8 +36,6 @@ import numpyro.distributions as dist
 
 from numpyro_sg.datasets.ratings import Ratings, observed_ratings
 
-__all__ = ["hierarchical_bpmf_model", "oracle_rmse", "known_factors_rmse"]
-
 
 def hierarchical_bpmf_model(users, items, ratings=None, *, num_users: int, num_items: int,
                             rank: int = 10, subsample_size: int = 1000, mu0: float = 0.0,

@@ -21,13 +21,7 @@ import numpy as np
 
 from numpyro_sg.arviz_compat import from_dict
 
-__all__ = [
-    "posteriordb_dir",
-    "load_posteriordb",
-    "load_data",
-    "load_draws",
-    "posteriordb_reference",
-]
+__all__ = ["posteriordb_reference", "posteriordb_dir", "load_posteriordb"]
 
 ENV_VAR = "NUMPYRO_SG_POSTERIORDB"
 _INDEXED = re.compile(r"^(?P<name>[^\[\]]+)\[(?P<index>[0-9,]+)\]$")

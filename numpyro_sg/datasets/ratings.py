@@ -49,19 +49,6 @@ import numpyro
 import numpyro.distributions as dist
 import pandas as pd
 
-__all__ = [
-    "Ratings",
-    "split_ratings",
-    "ratings_from_dataframe",
-    "load_movielens",
-    "simulate_ratings",
-    "bpmf_model",
-    "ppmf_model",
-    "bpmf_predict",
-    "rmse_trace",
-    "observed_ratings",
-]
-
 
 class Ratings(NamedTuple):
     """A train/test split of a ratings table (user and item codes 0..U−1, 0..M−1, int32).

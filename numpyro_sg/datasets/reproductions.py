@@ -32,13 +32,7 @@ from jax.scipy.stats import norm
 from numpyro_sg.kernels.moves import langevin_move
 from numpyro_sg.kernels.sgbd import sgbd_update
 
-__all__ = [
-    "skew_normal_moments",
-    "skew_normal_score",
-    "skew_normal_bias",
-    "plot_skew_bias",
-    "plot_rmse_traces",
-]
+__all__ = ["skew_normal_bias", "plot_skew_bias", "plot_rmse_traces"]
 
 
 def skew_normal_moments(alpha):

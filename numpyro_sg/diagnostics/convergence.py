@@ -27,8 +27,6 @@ import warnings
 import numpy as np
 import pandas as pd
 
-__all__ = ["ConvergenceWarning", "DivergenceWarning", "check_convergence", "convergence_table", "bulk_ess"]
-
 #: at most this many coordinates per site are checked (evenly spaced) — R̂/ESS cost per coordinate
 MAX_COORDINATES = 1000
 

@@ -46,8 +46,6 @@ import numpy as np
 from numpyro_sg.diagnostics.scales import precondition, resolve_scales
 from numpyro_sg.diagnostics.validation import as_draws, check_thin, draws_and_scores, reject_run
 
-__all__ = ["fssd", "fssd_statistic", "median_bandwidth", "gaussian_locations"]
-
 _HIGHEST = lax.Precision.HIGHEST
 
 

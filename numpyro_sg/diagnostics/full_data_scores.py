@@ -30,8 +30,6 @@ from numpyro_sg.infer.minibatch import discover_plates, full_data
 from numpyro_sg.infer.progress import progress_steps
 from numpyro_sg.infer.model_info import improper_to_uniform, structure_only
 
-__all__ = ["full_data_model", "ModelScores", "SCORE_MEMORY"]
-
 #: bytes of temporaries one block of scored draws may take: fewer draws per block above it
 SCORE_MEMORY = 2**28
 

@@ -48,29 +48,15 @@ from __future__ import annotations
 import numpy as np
 
 from numpyro_sg.diagnostics.ksd_blocks import check_block, ksd_sums, normalise
-from numpyro_sg.diagnostics.ksd_paths import default_path_steps, ksd_path
+from numpyro_sg.diagnostics.ksd_paths import default_path_steps, ksd_path  # noqa: F401
 from numpyro_sg.diagnostics.scales import precondition, resolve_scales
-from numpyro_sg.diagnostics.stein_kernels import (
+from numpyro_sg.diagnostics.stein_kernels import (  # noqa: F401
     imq_stein_kernel,
     imq_stein_kernel_per_coordinate,
     signed_sqrt,
     stein_kernel_matrix,
 )
 from numpyro_sg.diagnostics.validation import check_kernel_args, draws_and_scores, reject_run
-
-__all__ = [
-    "imq_stein_kernel",
-    "imq_stein_kernel_per_coordinate",
-    "signed_sqrt",
-    "ksd_sums",
-    "ksd",
-    "ksd_per_coordinate",
-    "stein_kernel_matrix",
-    "ksd_u_statistic",
-    "block_jackknife_se",
-    "default_path_steps",
-    "ksd_path",
-]
 
 # what to call instead with an InferenceData or MCMC run
 _RUN_ENTRY = "numpyro_sg.ksd"

@@ -17,9 +17,6 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["BLOCK_ELEMENTS", "pair_block_sums", "default_block", "check_block", "to_device",
-           "ksd_sums", "normalise"]
-
 _HIGHEST = lax.Precision.HIGHEST
 #: target number of elements of one (row block × columns) matrix: 2**22 float32 = 16 MiB
 BLOCK_ELEMENTS = 2**22

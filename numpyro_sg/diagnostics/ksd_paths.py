@@ -22,8 +22,6 @@ from numpyro_sg.diagnostics.validation import (
     reject_run,
 )
 
-__all__ = ["default_path_steps", "ksd_path"]
-
 # what to call instead with an InferenceData or MCMC run
 _RUN_ENTRY = "numpyro_sg.ksd"
 

@@ -30,14 +30,14 @@ run); every public name is importable from here.
 
 from __future__ import annotations
 
-from numpyro_sg.diagnostics.full_data_scores import ModelScores, full_data_model
-from numpyro_sg.diagnostics.run_discrepancies import (
+from numpyro_sg.diagnostics.full_data_scores import ModelScores, full_data_model  # noqa: F401
+from numpyro_sg.diagnostics.run_discrepancies import (  # noqa: F401
     fssd_of_run,
     ksd_of_run,
     ksd_of_stein,
     resolve_run_scales,
 )
-from numpyro_sg.diagnostics.stein_runs import (
+from numpyro_sg.diagnostics.stein_runs import (  # noqa: F401
     STEIN_GROUP,
     run_model,
     run_samples,
@@ -46,19 +46,3 @@ from numpyro_sg.diagnostics.stein_runs import (
     stein_of,
     thin_indices,
 )
-
-__all__ = [
-    "STEIN_GROUP",
-    "full_data_model",
-    "thin_indices",
-    "ModelScores",
-    "run_samples",
-    "run_model",
-    "stein_dataset",
-    "stein_arrays",
-    "stein_of",
-    "resolve_run_scales",
-    "ksd_of_stein",
-    "ksd_of_run",
-    "fssd_of_run",
-]

@@ -14,8 +14,6 @@ from numpyro_sg.arviz_compat import get_group, has_group
 from numpyro_sg.diagnostics.ksd import ksd_path
 from numpyro_sg.diagnostics.model_scores import STEIN_GROUP, stein_arrays
 
-__all__ = ["ksd_path_of_run", "plot_ksd_path"]
-
 
 def _stein(idata):
     if not has_group(idata, STEIN_GROUP):

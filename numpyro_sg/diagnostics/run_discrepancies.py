@@ -13,8 +13,6 @@ from numpyro_sg.diagnostics.scales import resolve_scales
 from numpyro_sg.diagnostics.stein_runs import stein_arrays, stein_of
 from numpyro_sg.infer.laplace import laplace_scales
 
-__all__ = ["resolve_run_scales", "ksd_of_stein", "ksd_of_run", "fssd_of_run"]
-
 
 def resolve_run_scales(preconditioner, stein, scores: ModelScores | None = None):
     """Per-coordinate KSD scales of a run: ``"sd"`` pools the chains; ``"laplace"`` needs the model.

@@ -20,8 +20,6 @@ import numpy as np
 
 from numpyro_sg.infer.laplace import laplace_scales
 
-__all__ = ["PRECONDITIONERS", "sd_scales", "resolve_scales", "precondition"]
-
 PRECONDITIONERS = ("sd", "laplace", None)
 
 

@@ -20,8 +20,6 @@ from numpyro_sg.diagnostics.ksd import ksd as ksd_of_draws
 from numpyro_sg.diagnostics.model_scores import fssd_of_run, ksd_of_run
 from numpyro_sg.diagnostics.validation import is_run_like
 
-__all__ = ["ksd", "fssd"]
-
 
 def _dispatch(name, x, score, scores, options, *, of_run, of_draws, run_args, kwargs):
     """For a run: ``of_run(x, **run_args, **options, **kwargs)``; for arrays (``kwargs`` must

@@ -17,8 +17,6 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["imq_stein_kernel", "imq_stein_kernel_per_coordinate", "signed_sqrt", "stein_kernel_matrix"]
-
 
 def imq_stein_kernel(x, y, sx, sy, c=1.0, beta=-0.5):
     """IMQ Stein kernel k_π(x, y) for one pair of points (Gorham & Mackey 2017).
@@ -132,4 +130,3 @@ def stein_kernel_matrix(x, s, *, c=1.0, beta=-0.5) -> np.ndarray:
     sy_r = A.T - a[None, :]           # s_j·(x_i − x_j)
     return ((s @ s.T) * u**beta - 2 * beta * u ** (beta - 1) * sx_r + 2 * beta * u ** (beta - 1) * sy_r
             - 2 * beta * d * u ** (beta - 1) - 4 * beta * (beta - 1) * u ** (beta - 2) * r2)
-

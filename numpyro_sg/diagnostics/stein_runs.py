@@ -19,9 +19,6 @@ from numpyro_sg.diagnostics.full_data_scores import ModelScores
 from numpyro_sg.infer.progress import progress_steps
 from numpyro_sg.infer.sharding import agreed_by_all
 
-__all__ = ["STEIN_GROUP", "thin_indices", "run_samples", "run_model", "stein_dataset",
-           "select_sites", "stein_arrays", "stein_of"]
-
 #: the name of the ``InferenceData`` group of scored draws
 STEIN_GROUP = "stein"
 

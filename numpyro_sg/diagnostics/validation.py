@@ -12,18 +12,6 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = [
-    "STATISTICS",
-    "is_run_like",
-    "reject_run",
-    "as_draws",
-    "check_finite",
-    "check_thin",
-    "check_kernel_args",
-    "compute_scores",
-    "draws_and_scores",
-]
-
 STATISTICS = ("v", "u")
 
 

@@ -19,20 +19,6 @@ from jax import random
 
 from numpyro_sg.infer.preconditioner import Preconditioner
 
-__all__ = [
-    "hutchinson_diagonal",
-    "whitened_top_eigenvalue",
-    "noise_heat_of",
-    "predicted_ascent",
-    "columns_within_memory",
-    "hessian_from_products",
-    "local_modes_below",
-    "hessian_diagonals",
-    "positive_curvature",
-    "laplace_preconditioner",
-    "dense_or_fallback",
-]
-
 
 def hutchinson_diagonal(hvp, probes):
     """Hutchinson's estimate of diag(A): r ⊙ (A·r) for a Rademacher probe r, averaged over the

@@ -32,8 +32,6 @@ import numpy as np
 
 from numpyro_sg.infer.disk_rows import NpyRows
 
-__all__: list = []   # internal to the warmup (find_mode) and the kernels (reset_warmup, PerDataCache)
-
 #: how many fits the process keeps (least recently used dropped first)
 STORE_SIZE = 8
 _STORE: OrderedDict = OrderedDict()   # key -> (weak references to the JAX leaves, fit)

@@ -18,9 +18,6 @@ from numpyro.infer.util import potential_energy
 
 from numpyro_sg.infer.handlers import mask_plate_rows, with_indices, without_plate_sites
 
-__all__ = ["prior_log_density_fn", "fisher_diagonal", "fisher_sums", "fisher_from_sums", "fisher_groups",
-           "full_value_and_grad_fn", "per_datum_loglik_grads"]
-
 
 def prior_log_density_fn(model: Callable, plates, model_args=(), model_kwargs=None) -> Callable:
     """``params -> log p(θ)`` (+ log-Jacobian): ``model`` with every site inside its subsample

@@ -12,8 +12,6 @@ from numpyro.primitives import Messenger
 
 from numpyro_sg.infer.model_info import plates_of
 
-__all__ = ["with_indices", "without_plate_sites", "likelihood_only", "mask_plate_rows", "full_data"]
-
 
 class with_indices(Messenger):
     """Handler: run ``fn`` with the given data indices in its plates.

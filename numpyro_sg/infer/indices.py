@@ -9,8 +9,6 @@ import jax
 import jax.numpy as jnp
 from jax import random
 
-__all__ = ["BatchState", "draw_with_replacement", "draw_without_replacement"]
-
 
 class BatchState(NamedTuple):
     """Per-plate state for drawing without replacement: an epoch permutation and a position."""

@@ -7,8 +7,6 @@ import numpy as np
 
 from numpyro_sg.infer.programs import cached_program
 
-__all__ = ["jit_with_data", "is_data"]
-
 
 def is_data(x) -> bool:
     """True for a leaf of the model arguments passed to compiled programs as an argument: an

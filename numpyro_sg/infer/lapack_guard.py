@@ -24,8 +24,6 @@ from typing import Callable
 import jax
 import jaxlib
 
-__all__ = ["LAPACK_PRIMITIVES", "lapack_pool_can_deadlock", "uses_lapack", "map_over_draws"]
-
 #: primitives that jaxlib lowers to its CPU LAPACK kernels
 LAPACK_PRIMITIVES = frozenset({"cholesky", "triangular_solve", "lu", "lu_pivots_to_permutation", "eigh",
                                "eig", "qr", "householder_product", "geqrf", "geqp3", "orgqr", "svd",

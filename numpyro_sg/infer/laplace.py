@@ -18,16 +18,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = [
-    "damped_newton_step",
-    "line_search",
-    "damped_newton",
-    "log_density_not_lower",
-    "NewtonResult",
-    "laplace_approximation",
-    "laplace_scales",
-]
-
 
 def damped_newton_step(neg_hessian, grad):
     """The Newton step (−H + λI)⁻¹·g towards a mode, with λ = 0 when −H is positive definite

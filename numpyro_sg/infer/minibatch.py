@@ -8,7 +8,7 @@ per-datum gradients, or, at large n·d, from the spread of k group-mean gradient
 (:func:`noise_groups`: memory O(n + k·d)).  The plates themselves are found and checked in
 :mod:`~numpyro_sg.infer.plates`, the model is pointed at chosen rows by the handlers of
 :mod:`~numpyro_sg.infer.handlers`, and full-data densities live in
-:mod:`~numpyro_sg.infer.full_density`; their public names are re-exported here.
+:mod:`~numpyro_sg.infer.full_density`.
 
 Conventions: log π(θ) = log p(θ) + Σ_i log f(x_i | θ); the mini-batch estimator
 ĝ(θ) = ∇ log p(θ) + (N/n) Σ_{i∈S} ∇ log f(x_i | θ) is the gradient of the model's log density
@@ -40,49 +40,24 @@ from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import potential_energy
 
 from numpyro_sg.infer import full_density
-from numpyro_sg.infer.handlers import (
+from numpyro_sg.infer.handlers import (  # noqa: F401
     full_data,
     likelihood_only,
-    mask_plate_rows,
     with_indices,
     without_plate_sites,
 )
 from numpyro_sg.infer.indices import BatchState, draw_with_replacement, draw_without_replacement
 from numpyro_sg.infer.jit_data import jit_with_data
-from numpyro_sg.infer.noise import MAX_GROUPS, PER_DATUM_MAX, group_noise_sd, noise_groups
+from numpyro_sg.infer.noise import MAX_GROUPS, PER_DATUM_MAX, group_noise_sd, noise_groups  # noqa: F401
 from numpyro_sg.infer.preconditioner import Preconditioner, rows_to_working
-from numpyro_sg.infer.plates import (
+from numpyro_sg.infer.plates import (  # noqa: F401
     SubsamplePlate,
     check_data_finite,
     discover_plates,
     find_subsample_plates,
-    resolve_subsample_size,
     subsample_plates,
 )
 
-__all__ = [
-    "SubsamplePlate",
-    "find_subsample_plates",
-    "subsample_plates",
-    "resolve_subsample_size",
-    "discover_plates",
-    "check_data_finite",
-    "draw_with_replacement",
-    "draw_without_replacement",
-    "with_indices",
-    "full_data",
-    "without_plate_sites",
-    "mask_plate_rows",
-    "Minibatcher",
-    "BatchState",
-    "Anchor",
-    "GradientEstimate",
-    "jit_with_data",
-    "noise_groups",
-    "MAX_GROUPS",
-    "PER_DATUM_MAX",
-    "working_rows",
-]
 
 def working_rows(precond: Preconditioner | None) -> Callable | None:
     """Rows (n, d) of gradients → the working frame of ``precond`` (``None``: unchanged)."""

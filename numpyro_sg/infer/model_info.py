@@ -31,19 +31,6 @@ from numpyro.infer import init_to_uniform
 from numpyro.primitives import Messenger
 from numpyro.util import is_prng_key
 
-__all__ = [
-    "SiteInfo",
-    "ModelInfo",
-    "trace_model",
-    "first_indices",
-    "record_subsample",
-    "plates_of",
-    "base_distribution",
-    "is_binary",
-    "is_real",
-    "improper_to_uniform",
-]
-
 
 def plates_of(site) -> tuple:
     """Names of the plates a trace site sits in (innermost last)."""

@@ -34,9 +34,6 @@ from numpyro.infer import init_to_sample
 from numpyro_sg.infer.curvature import predicted_ascent
 from numpyro_sg.infer.model_info import ModelInfo, improper_to_uniform, trace_model
 
-__all__ = ["prior_or_uniform", "start_candidates", "flat_prior_draws", "explore_starts", "first_round_concave",
-           "start_ascents", "usual_start", "break_symmetry"]
-
 
 def prior_or_uniform(site):
     """NumPyro init strategy: a draw from the prior (``init_to_sample``), or ``init_to_uniform``'s

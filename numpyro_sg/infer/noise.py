@@ -8,8 +8,6 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-__all__ = ["MAX_GROUPS", "PER_DATUM_MAX", "noise_groups", "group_noise_sd"]
-
 #: the group-mean noise estimate uses at most this many groups (largest divisor of n up to it)
 MAX_GROUPS = 16
 #: per-datum gradients (exact small-d behaviour) while n·d is at most this (4 MB of float32)

@@ -16,15 +16,6 @@ import numpy as np
 
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
 
-__all__ = [
-    "SubsamplePlate",
-    "find_subsample_plates",
-    "resolve_subsample_size",
-    "check_data_finite",
-    "subsample_plates",
-    "discover_plates",
-]
-
 
 @dataclass(frozen=True)
 class SubsamplePlate:

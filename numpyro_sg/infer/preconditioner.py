@@ -23,21 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import random
 
-__all__ = [
-    "laplace_draw",
-    "Preconditioner",
-    "identity_preconditioner",
-    "to_working",
-    "from_working",
-    "rows_to_working",
-    "Moments",
-    "init_moments",
-    "update_moments",
-    "pool_moments",
-    "adapted_preconditioner",
-    "laplace_misfit",
-]
-
 
 class Preconditioner(NamedTuple):
     """M = L·Lᵀ with L = diag(``scale``) (diagonal), ``chol`` (dense) or I (both ``None``).

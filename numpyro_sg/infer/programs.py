@@ -26,9 +26,6 @@ from typing import Callable
 import jax
 import numpy as np
 
-__all__ = ["cached_program", "tree_signature", "placement_key", "enable_compilation_cache", "clear_programs",
-           "num_programs", "CACHE_ENV", "MAX_PROGRAMS"]
-
 #: environment variable: a directory for JAX's persistent compilation cache, enabled at import
 CACHE_ENV = "NUMPYRO_SG_COMPILATION_CACHE"
 #: programs kept in the process (least recently used dropped first).  Each compiled XLA CPU

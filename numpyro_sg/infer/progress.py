@@ -21,8 +21,6 @@ import sys
 
 from tqdm.auto import tqdm
 
-__all__ = ["warmup_progress", "interactive"]  # the rest is used by module path only
-
 #: seconds a conversion runs before its bar appears
 CONVERSION_BAR_DELAY = 2.0
 

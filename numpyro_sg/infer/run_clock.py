@@ -20,8 +20,6 @@ import time
 import jax
 import numpy as np
 
-__all__ = ["RunClock", "run_seconds"]
-
 #: segments kept (a run of sequential chains opens one per chain)
 MAX_SEGMENTS = 64
 

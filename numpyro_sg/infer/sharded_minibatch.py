@@ -31,8 +31,6 @@ from numpyro_sg.infer.indices import draw_with_replacement
 from numpyro_sg.infer.minibatch import Anchor, GradientEstimate, Minibatcher, working_rows
 from numpyro_sg.infer.sharding import DataShards, check_not_parallel, find_data_shards
 
-__all__ = ["ShardedMinibatcher", "make_minibatcher", "is_sharded", "plate_sizes"]
-
 
 class plate_sizes(Messenger):
     """Handler recording the declared size of every plate the model enters into ``seen``."""

@@ -53,8 +53,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from numpyro import handlers
 
-__all__ = ["shard_rows", "DataShards", "find_data_shards", "auto_view", "check_not_parallel",
-           "spans_processes", "without_global_observations", "eager_under_trace"]
+__all__ = ["shard_rows"]
 
 
 def shard_rows(x, mesh: Mesh, data_axis="data"):

@@ -24,8 +24,6 @@ import jax.numpy as jnp
 import optax
 from jax import random
 
-__all__ = ["variational_adam", "adam_ascent", "cosine_rate", "INITIAL_SD"]
-
 #: the variational sds at the start (on the unconstrained space), as NumPyro's ``AutoNormal``
 INITIAL_SD = 0.1
 

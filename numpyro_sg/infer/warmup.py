@@ -46,7 +46,7 @@ from jax.flatten_util import ravel_pytree
 from numpyro.infer import init_to_uniform
 
 from numpyro_sg.infer.curvature import (columns_within_memory, dense_or_fallback, hessian_from_products,
-                                        hutchinson_diagonal, laplace_preconditioner, noise_heat_of,
+                                        hutchinson_diagonal, laplace_preconditioner, noise_heat_of,  # noqa: F401
                                         positive_curvature, whitened_top_eigenvalue)
 from numpyro_sg.infer.fit_store import stored_fit
 from numpyro_sg.infer.jit_data import jit_with_data
@@ -54,7 +54,7 @@ from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.laplace import NewtonResult, damped_newton, log_density_not_lower, scaled_gradient_not_larger
 from numpyro_sg.infer.minibatch import Anchor, Minibatcher
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
-from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, best_ends, break_symmetry, explore_starts, first_round_concave,
+from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, best_ends, break_symmetry, explore_starts, first_round_concave,  # noqa: F401
                                          first_chain_draw, flat_prior_draws, padded_rows, start_ascents, start_candidates,
                                          usual_start)
 from numpyro_sg.infer.plates import subsample_plates
@@ -64,10 +64,6 @@ from numpyro_sg.infer.progress import warmup_progress
 from numpyro_sg.infer.sharding import auto_view
 from numpyro_sg.infer.variational import adam_ascent, variational_adam
 from numpyro_sg.infer.warmup_options import ModeFit, WarmupOptions
-
-#: re-exported: ``laplace_preconditioner``, ``whitened_top_eigenvalue``, ``noise_heat_of`` (curvature), options
-__all__ = ["WarmupOptions", "ModeFit", "find_mode", "fit_model_mode", "starting_points",
-           "laplace_preconditioner", "break_symmetry", "whitened_top_eigenvalue", "noise_heat_of"]
 
 
 class _WarmupPrograms:

@@ -13,8 +13,6 @@ from numpyro_sg.infer.curvature import local_modes_below
 from numpyro_sg.infer.progress import interactive
 from numpyro_sg.infer.preconditioner import Preconditioner
 
-__all__ = ["WarmupOptions", "ModeFit"]
-
 
 @dataclass(frozen=True)
 class WarmupOptions:

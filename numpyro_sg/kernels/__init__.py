@@ -2,7 +2,8 @@
 
 from numpyro_sg.kernels.baoab import BAOAB
 from numpyro_sg.kernels.cyclical import CyclicalSGLD
-from numpyro_sg.kernels.base import DivergenceWarning, SGKernel
+from numpyro_sg.diagnostics.convergence import DivergenceWarning
+from numpyro_sg.kernels.base import SGKernel
 from numpyro_sg.kernels.gradient import GradientKernel
 from numpyro_sg.kernels.esgld import ESGLD
 from numpyro_sg.kernels.step_size import polynomial_schedule

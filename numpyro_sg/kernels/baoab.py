@@ -52,16 +52,6 @@ from numpyro_sg.kernels.base import check_positive
 from numpyro_sg.kernels.gradient import GradientKernel, gradient_state
 from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
 
-__all__ = [
-    "BAOAB",
-    "BAOABState",
-    "BAOABHyper",
-    "DEFAULT_STEP_SIZE",
-    "DEFAULT_FRICTION",
-    "ou_coefficient",
-    "baoab_move",
-]
-
 #: default ε = h² in the working frame of the Laplace preconditioner (docs/kernels.md).  ε = 1 with
 #: γ = 1 mixed about twice as fast as SGLD on near-Gaussian posteriors at its accuracy, but on a
 #: model with a weak variance component (correlated random intercepts and slopes) its ξ(σ̂)

@@ -32,7 +32,6 @@ from numpyro.infer.mcmc import MCMCKernel
 from numpyro.infer.util import constrain_fn
 from numpyro.util import is_prng_key
 
-from numpyro_sg.diagnostics.convergence import DivergenceWarning
 from numpyro_sg.infer.fit_store import clear_store
 from numpyro_sg.infer.jit_data import is_data
 from numpyro_sg.infer.lapack_guard import map_over_draws
@@ -44,9 +43,7 @@ from numpyro_sg.kernels.data_cache import PerDataCache
 from numpyro_sg.kernels.guard import diverged_iterations
 from numpyro_sg.kernels.progress import ProgressText
 
-__all__ = ["SGKernel", "DivergenceWarning", "split_init_key", "all_finite", "check_choice",
-           "check_positive", "program_settings", "EMBEDDED_DATA_WARN_BYTES",
-           "EmbeddedDataWarning", "embedded_data_bytes"]
+__all__ = ["SGKernel", "EmbeddedDataWarning"]
 
 
 #: the kernels warn (:class:`EmbeddedDataWarning`) when NumPyro's loop would compile more data

@@ -27,8 +27,6 @@ from numpyro_sg.kernels.gradient import gradient_state
 from numpyro_sg.kernels.sgld import SGLD
 from numpyro_sg.kernels.step_size import step_size_at
 
-__all__ = ["CyclicalSGLD", "CyclicalSGLDState", "cycle_phase"]
-
 CyclicalSGLDState = gradient_state("CyclicalSGLDState", ("exploring",), doc="""SGLD's state
 fields (``step_size`` the ε_t that produced ``z``) and ``exploring``, True after an exploration step.""")
 

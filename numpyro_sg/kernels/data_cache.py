@@ -8,8 +8,6 @@ import jax
 
 from numpyro_sg.infer.fit_store import same_objects, weak_refs
 
-__all__ = ["PerDataCache"]
-
 
 class PerDataCache:
     """The kernels' one caching rule: a value computed once per data set.

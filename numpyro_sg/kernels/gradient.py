@@ -48,7 +48,7 @@ from numpyro_sg.locals.fitting import anchor_gradient, log_marginal_batcher
 from numpyro_sg.locals.model import integrate_locals
 from numpyro_sg.kernels.report import chain_moments, frozen_chains, frozen_report, misfit_report
 
-__all__ = ["GradientKernel", "gradient_state", "PRECONDITIONERS", "GRADIENTS", "GRADIENT_STATE_FIELDS"]
+__all__ = ["GradientKernel", "gradient_state"]
 
 
 #: accepted string values of ``preconditioner`` (an array is accepted too)

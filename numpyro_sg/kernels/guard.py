@@ -26,8 +26,7 @@ import numpy as np
 
 from numpyro_sg.kernels.moves import ema
 
-__all__ = ["DivergenceGuard", "init_guard", "guard_step", "freeze", "GuardedPoint", "guarded_update",
-           "rms", "diverged_iterations", "BLOWUP_FACTOR", "SAFE_FACTOR", "GUARD_BURN_IN"]
+__all__ = ["init_guard", "guarded_update"]
 
 
 # -------------------------------------------------------------------------------------------

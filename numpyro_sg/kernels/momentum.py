@@ -81,10 +81,6 @@ from numpyro_sg.kernels.gradient import GradientKernel
 from numpyro_sg.kernels.guard import freeze
 from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
 
-__all__ = ["MomentumKernel", "MomentumHyper", "learning_rate", "sghmc_noise_variance",
-           "momentum_update", "kinetic_energy", "thermostat_update", "blackjax_parameters"]
-
-
 # -------------------------------------------------------------------------------------------
 # the update maths
 # -------------------------------------------------------------------------------------------
@@ -224,5 +220,3 @@ class MomentumKernel(GradientKernel):
 
     def _noise(self, key, grad_w):
         return random.normal(key, grad_w.shape, grad_w.dtype)
-
-

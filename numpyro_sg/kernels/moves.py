@@ -19,7 +19,7 @@ from typing import Any, Callable, NamedTuple
 import jax.numpy as jnp
 from jax import random
 
-__all__ = ["langevin_move", "langevin_noise_variance", "mala_step", "MALAResult", "ema"]
+__all__ = ["langevin_move", "langevin_noise_variance", "mala_step", "ema"]
 
 
 # -------------------------------------------------------------------------------------------

@@ -22,8 +22,6 @@ import time
 import jax.numpy as jnp
 from jax import random
 
-__all__ = ["ProgressText"]
-
 #: seconds between two readings of the state for the progress bar's text: each reading waits for
 #: the step in flight (read at every iteration, a fast kernel's single chain ran 5–10% slower)
 DIAGNOSTICS_INTERVAL = 0.25

@@ -59,18 +59,6 @@ from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
 from numpyro_sg.infer.curvature import hutchinson_diagonal
 from numpyro_sg.infer.preconditioner import from_working, to_working
 
-__all__ = [
-    "PSGLD",
-    "PSGLDState",
-    "PSGLDHyper",
-    "DEFAULT_STEP_SIZE",
-    "rmsprop_accumulate",
-    "rmsprop_preconditioner",
-    "rmsprop_correction",
-    "hutchinson_diagonal",
-    "psgld_update",
-]
-
 #: default ε in the working frame of the Laplace preconditioner (docs/kernels.md, "pSGLD")
 DEFAULT_STEP_SIZE = 0.8
 

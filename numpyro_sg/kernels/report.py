@@ -23,9 +23,6 @@ import numpy as np
 
 from numpyro_sg.infer.preconditioner import laplace_misfit, pool_moments
 
-__all__ = ["FROZEN_SPREAD", "MIN_ESS_FRACTION", "chain_moments", "frozen_chains", "frozen_report",
-           "with_sampling_noise", "misfit_report"]
-
 #: a chain whose draws' sd is below this many Laplace sds along every direction barely moves
 #: (a chain sampling the posterior spreads over about one)
 FROZEN_SPREAD = 0.1

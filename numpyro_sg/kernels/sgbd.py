@@ -39,20 +39,6 @@ from jax import random
 from numpyro_sg.kernels.base import check_choice
 from numpyro_sg.kernels.gradient import GradientKernel, gradient_state
 
-__all__ = [
-    "SGBD",
-    "SGBDState",
-    "BARKER_LOGISTIC_SCALE",
-    "barker_increment",
-    "past_breaking_point",
-    "barker_alpha",
-    "keep_sign_probability",
-    "adapted_step_size",
-    "sgbd_update",
-    "discretisation_logit_scale",
-    "DEFAULT_STEP_SIZE",
-]
-
 #: default σ in the working frame of the Laplace preconditioner (see docs/warmup.md)
 DEFAULT_STEP_SIZE = 0.8
 

@@ -28,10 +28,6 @@ from numpyro_sg.kernels.momentum import (
 from numpyro_sg.kernels.sgld import DEFAULT_STEP_SIZE as SGLD_DEFAULT_STEP_SIZE
 from numpyro_sg.kernels.step_size import step_size_at
 
-__all__ = ["SGHMC", "SGNHT", "SGHMCState", "SGNHTState", "DEFAULT_STEP_SIZE", "DEFAULT_FRICTION",
-           "SGNHT_DEFAULT_STEP_SIZE", "SGNHT_STEP_PER_DIMENSION", "sgnht_default_step_size",
-           "SGNHT_DEFAULT_FRICTION"]
-
 #: default friction α of SGHMC (the fraction of the momentum forgotten per iteration)
 DEFAULT_FRICTION = 0.5
 #: default ε of SGHMC in the working frame of the Laplace preconditioner (η = ε/2): α times
@@ -286,4 +282,3 @@ class SGNHT(MomentumKernel):
 
     def diagnostics_text(self, state) -> str:
         return super().diagnostics_text(state) + f", thermostat {float(jnp.mean(state.thermostat)):.2f}"
-

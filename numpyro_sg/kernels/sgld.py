@@ -38,8 +38,6 @@ from numpyro_sg.kernels.gradient import GradientKernel, gradient_state
 from numpyro_sg.kernels.moves import langevin_move, langevin_noise_variance
 from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
 
-__all__ = ["SGLD", "SGLDState", "SGLDHyper", "DEFAULT_STEP_SIZE"]
-
 #: default ε in the working frame of the Laplace preconditioner (see docs/warmup.md)
 DEFAULT_STEP_SIZE = 0.7
 

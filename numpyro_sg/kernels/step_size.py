@@ -20,8 +20,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-__all__ = ["resolve_step_size", "PolynomialSchedule", "CallableSchedule", "polynomial_schedule",
-           "step_size_at"]
+__all__ = ["resolve_step_size", "step_size_at", "polynomial_schedule"]
 
 
 # -------------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ into the (G, R) arrays and mask such a model reads.
 """
 
 from numpyro_sg.locals.model import (
-    METHODS,
     LocalLatentWarning,
     MarginalModel,
     integrate_locals,
@@ -18,5 +17,4 @@ from numpyro_sg.locals.padding import pad_groups
 from numpyro_sg.locals.posterior import local_draws
 
 __all__ = ["MarginalModel", "marginalize_locals", "integrate_locals", "pad_groups", "local_draws",
-           "METHODS",
            "LocalLatentWarning"]

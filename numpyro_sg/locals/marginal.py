@@ -30,18 +30,6 @@ from jax import random
 from jax.scipy.linalg import solve_triangular
 from jax.scipy.special import gammaln, logsumexp
 
-__all__ = [
-    "group_hessians",
-    "gaussian_marginal",
-    "conditional_mode",
-    "importance_marginal",
-    "jackknifed_log_mean_exp",
-    "resampled_draw",
-    "imputation_surrogate",
-    "LocalEstimate",
-    "student_t_draws",
-]
-
 LOG_2PI = math.log(2.0 * math.pi)  # a Python float: importing must not start a JAX backend
 
 

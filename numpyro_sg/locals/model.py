@@ -56,8 +56,6 @@ from numpyro_sg.locals.sites import (
     traced,
 )
 
-__all__ = ["MarginalModel", "marginalize_locals", "integrate_locals", "METHODS", "LocalLatentWarning"]
-
 #: importance (or imputation) draws per group of the control-variate anchor's full-data gradient.
 #: Its Monte Carlo error is a fixed gradient offset that shifts every draw of the chain, by about
 #: 3/√m posterior sds whatever the number of groups (measured on a Poisson random intercept and

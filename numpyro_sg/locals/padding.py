@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["pad_groups"]
-
 
 def pad_groups(group, *columns, max_rows=None, fill=0.0):
     """Pad a long table (one row per observation) into (G, R) arrays by group, and a mask.

@@ -38,9 +38,6 @@ from numpyro_sg.infer.progress import progress_steps
 from numpyro_sg.locals.fitting import log_marginal_of
 from numpyro_sg.locals.model import MarginalModel, integrate_locals
 
-__all__ = ["local_posterior", "local_draws", "add_local_posterior", "add_local_draws",
-           "select_local_draws", "joint_model", "marginal_of", "compare_locals", "JOINT_MAX_DIM", "LOCAL_GROUP"]
-
 #: NUTS on the joint model is refused above this many latent scalars (locals included)
 JOINT_MAX_DIM = 200_000
 #: the size guard of :func:`local_draws` (numbers drawn: draws × groups × locals per group)

@@ -23,8 +23,6 @@ from numpyro.handlers import block, seed, substitute, trace
 from numpyro_sg.infer.handlers import with_indices
 from numpyro_sg.infer.model_info import ModelInfo, first_indices, plates_of
 
-__all__ = ["LocalSite", "local_sites", "check_locals_stay_in_plate", "group_log_joint", "plate_frame_dim"]
-
 
 @dataclass(frozen=True)
 class LocalSite:

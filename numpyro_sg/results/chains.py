@@ -29,8 +29,7 @@ import numpy as np
 from numpyro_sg.arviz_compat import from_dict, get_group, has_group, select_chains, set_group
 from numpyro_sg.diagnostics.convergence import DivergenceWarning
 
-__all__ = ["DIVERGED_ATTR", "DIVERGED_AT_ATTR", "diverged_chains", "divergence_iterations",
-           "without_diverged", "warn_diverged"]
+__all__ = ["diverged_chains", "divergence_iterations"]
 
 #: the ``sample_stats`` attribute listing the diverged chains (positions along ``chain``)
 DIVERGED_ATTR = "diverged_chains"

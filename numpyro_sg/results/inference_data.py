@@ -56,8 +56,6 @@ from numpyro_sg.infer.sharding import auto_view, spans_processes, without_global
 from numpyro_sg.results.chains import (DIVERGED_AT_ATTR, DIVERGED_ATTR, diverged_chains,
                                        divergence_iterations, warn_diverged)
 
-__all__ = ["to_inference_data", "attach_ksd", "score_and_attach_ksd", "cast_discrete", "preconditioner_name"]
-
 _KSD_OPTIONS = ("c", "beta", "statistic", "block_size")
 #: the least time ``ksd_draws="auto"`` gives the full-data scores (else the run's sampling time)
 MIN_KSD_SECONDS = 5.0

@@ -43,9 +43,6 @@ from numpyro_sg.locals.posterior import LOCAL_GROUP, compare_locals, joint_model
 from numpyro_sg.results.reference_cache import cache_key, key_list, save
 from numpyro_sg.results.reference_start import log_density_check, reference_start, start_key
 
-__all__ = ["nuts_reference", "compare_to_reference", "plot_reference_comparison"]
-
-
 # -- NUTS reference -------------------------------------------------------------------------
 def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = None,
                    num_warmup: int = 1000, num_samples: int = 1000, num_chains: int = 1,

@@ -18,8 +18,6 @@ import numpyro
 from numpyro_sg.arviz_compat import to_netcdf
 from numpyro_sg.version import __version__ as numpyro_sg_version
 
-__all__ = ["cache_key", "save"]
-
 
 def _model_source(model) -> str:
     """The model's source (its ``repr`` when there is none, e.g. a model defined by ``exec``)."""

@@ -29,8 +29,6 @@ from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.infer.warmup import ModeFit, fit_model_mode
 from numpyro_sg.locals.posterior import marginal_of
 
-__all__ = ["reference_start", "start_key", "log_density_check"]
-
 
 def start_key(start) -> str | None:
     """The part of the reference's cache key that names its start."""

@@ -14,8 +14,6 @@ from numpyro_sg.diagnostics.model_scores import STEIN_GROUP, ksd_of_stein, resol
 from numpyro_sg.results.chains import without_diverged
 from numpyro_sg.results.inference_data import to_inference_data
 
-__all__ = ["posterior_summary"]
-
 
 def posterior_summary(idata, *, preconditioner="stored", model=None, model_args=None,
                       model_kwargs=None, **kwargs) -> pd.DataFrame:

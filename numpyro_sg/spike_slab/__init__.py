@@ -93,41 +93,21 @@ makes a failed detection an error that says why.
   :func:`effective_site_name`).
 """
 
-from numpyro_sg.spike_slab.checks import run_checks
 from numpyro_sg.spike_slab.discovery import find_spike_slab
-from numpyro_sg.spike_slab.glm import GLM_FAMILIES, GLMBatch, GLMFamily, GLMInfo
-from numpyro_sg.spike_slab.initial import (
-    SpikeSlabStart,
+from numpyro_sg.spike_slab.glm import GLM_FAMILIES, GLMBatch, GLMFamily, GLMInfo  # noqa: F401
+from numpyro_sg.spike_slab.initial import (  # noqa: F401
     effective_site_name,
     init_to_spike,
     initial_values,
     site_types,
     start_fn,
 )
-from numpyro_sg.spike_slab.structure import (
+from numpyro_sg.spike_slab.structure import (  # noqa: F401
     CoordinateNormal,
     CoordinatePrior,
     SpikeSlab,
     SpikeSlabError,
-    trace_spike_slab,
 )
 
-__all__ = [
-    "find_spike_slab",
-    "SpikeSlab",
-    "CoordinatePrior",
-    "CoordinateNormal",
-    "GLMInfo",
-    "GLMBatch",
-    "GLMFamily",
-    "GLM_FAMILIES",
-    "SpikeSlabError",
-    "site_types",
-    "effective_site_name",
-    "init_to_spike",
-    "initial_values",
-    "start_fn",
-    "SpikeSlabStart",
-    "trace_spike_slab",
-    "run_checks",
-]
+__all__ = ["find_spike_slab", "SpikeSlab", "SpikeSlabError", "GLMFamily", "GLM_FAMILIES",
+           "init_to_spike"]

@@ -39,17 +39,6 @@ from numpyro_sg.spike_slab.glm import (
 )
 from numpyro_sg.spike_slab.structure import SpikeSlab, SpikeSlabError
 
-__all__ = [
-    "Evaluation",
-    "Configurations",
-    "evaluate_configurations",
-    "random_configurations",
-    "check_structure",
-    "check_per_coordinate",
-    "detect_glm",
-    "run_checks",
-]
-
 #: configurations of the structure check: 2 trials × (θ, γ), (θ moved where γ = 0, γ), (θ·γ, 1)
 _STRUCTURE_TRIALS = 2
 #: random pairs (γ, γ') of the per-coordinate check

@@ -20,8 +20,6 @@ from numpyro_sg.infer.model_info import ModelInfo, trace_model
 from numpyro_sg.spike_slab.checks import run_checks
 from numpyro_sg.spike_slab.structure import SpikeSlab, SpikeSlabError, trace_spike_slab
 
-__all__ = ["find_spike_slab"]
-
 
 def _is_tracer_tree(tree):
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))

@@ -21,18 +21,6 @@ import numpyro.distributions as dist
 
 from numpyro_sg.infer.model_info import base_distribution
 
-__all__ = [
-    "GLMFamily",
-    "GLM_FAMILIES",
-    "GLMInfo",
-    "GLMBatch",
-    "family_of",
-    "per_element_log_prob",
-    "design_candidates",
-    "design_array",
-    "glm_batch_from_site",
-]
-
 
 class GLMFamily:
     """Per-datum log-likelihood of a GLM in its linear predictor η (unscaled).

@@ -20,15 +20,6 @@ from numpyro.infer.initialization import init_to_sample, init_to_uniform
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
 from numpyro_sg.spike_slab.structure import SpikeSlab, SpikeSlabError
 
-__all__ = [
-    "init_to_spike",
-    "SpikeSlabStart",
-    "start_fn",
-    "initial_values",
-    "site_types",
-    "effective_site_name",
-]
-
 
 def init_to_spike(site=None, coefficient=None):
     """Initialisation strategy: the site named ``coefficient`` is drawn from its prior (under

@@ -27,14 +27,6 @@ from numpyro_sg.spike_slab.glm import (
     per_element_log_prob,
 )
 
-__all__ = [
-    "SpikeSlab",
-    "SpikeSlabError",
-    "CoordinatePrior",
-    "CoordinateNormal",
-    "trace_spike_slab",
-]
-
 
 class SpikeSlabError(ValueError):
     """The model is not of the spike-and-slab form (or its sites cannot be identified)."""

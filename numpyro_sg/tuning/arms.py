@@ -7,8 +7,6 @@ import itertools
 
 import numpy as np
 
-__all__ = ["heuristic_step_size", "grid_arms", "make_kernels"]
-
 
 def heuristic_step_size(num_data: int) -> float:
     """The rule-of-thumb step size h = 1/N (Brosse, Durmus & Moulines (2018), "The promises and
@@ -86,4 +84,3 @@ def make_kernels(make_kernel, arms, fit):
             kernel.use_mode_fit(fit)
         kernels.append(kernel)
     return kernels
-

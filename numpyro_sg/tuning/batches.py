@@ -14,8 +14,6 @@ from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.run_clock import RunClock
 from numpyro_sg.kernels.data_cache import PerDataCache
 
-__all__ = ["MAX_CHUNK", "Batch", "vectorisable", "make_batches"]
-
 #: iterations per compiled call, at most
 MAX_CHUNK = 2**15
 
@@ -243,5 +241,3 @@ def make_batches(kernels, arms, vectorize, rng_key, init_params, model_args, mod
                    inits, model_args, model_kwargs, thin)
         )
     return batches
-
-

@@ -22,8 +22,6 @@ from numpyro_sg.tuning.preparation import build, check_arguments, compile_all, n
 from numpyro_sg.tuning.result import TuningResult, arm_idata
 from numpyro_sg.tuning.scoring import num_draws, ranked, unscored
 
-__all__ = ["mamba", "grid_search"]
-
 
 class _Rounds:
     """The mutable state of a tuning call's rounds: every arm's draws, charged seconds and

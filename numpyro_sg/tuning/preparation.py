@@ -20,9 +20,6 @@ from numpyro_sg.tuning.arms import grid_arms, make_kernels
 from numpyro_sg.tuning.batches import Batch, make_batches
 from numpyro_sg.tuning.scoring import Scorer
 
-__all__ = ["METRICS", "CRITERIA", "check_arguments", "num_halving_rounds", "shared_geometry",
-           "score_scales", "starting_states", "build", "compile_all"]
-
 #: the metrics a tuner scores arms by (or a callable)
 METRICS = ("ksd", "fssd")
 #: the selection rules

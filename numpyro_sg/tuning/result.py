@@ -15,8 +15,6 @@ from numpyro_sg.kernels.gradient import GradientKernel
 from numpyro_sg.results.inference_data import attach_ksd, cast_discrete, preconditioner_name
 from numpyro_sg.tuning.scoring import pooled
 
-__all__ = ["TuningResult", "arm_idata"]
-
 
 @dataclass
 class TuningResult:
@@ -121,4 +119,3 @@ def arm_idata(scorer, pieces, stein, seconds, metric, criterion):
     idata.posterior.attrs["tuning_metric"] = metric if isinstance(metric, str) else "callable"
     idata.posterior.attrs["tuning_criterion"] = criterion
     return idata
-

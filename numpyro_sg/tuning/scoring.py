@@ -25,8 +25,6 @@ from numpyro_sg.diagnostics.model_scores import ModelScores
 from numpyro_sg.infer.minibatch import Anchor
 from numpyro_sg.locals.fitting import log_marginal_of
 
-__all__ = ["MIN_ESS", "NUM_BLOCKS", "Scorer", "pooled", "num_draws", "unscored", "even_indices", "ranked", "no_riskier"]
-
 #: arms with fewer effective draws than this are reported as not mixed (``rounds["mixed"]``)
 MIN_ESS = 20
 #: contiguous blocks of an arm's scored draws (in chain order) for the block-jackknife se

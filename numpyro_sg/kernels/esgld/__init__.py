@@ -51,77 +51,19 @@ evaluates the model on the mini-batch.  The paper's Langevin step costs m model 
 the mini-batch.  Nothing is O(N) per iteration (but the default's anchors, O(N·p²) each).
 """
 
-from numpyro_sg.kernels.esgld.control_variates import (
-    CVBatch,
-    GLMAnchor,
-    cv_batch,
-    cv_loglik_gradient,
-    glm_anchor,
-    hess_matvec,
-    laplace_step_scale,
-    remainder_terms,
-)
-from numpyro_sg.kernels.esgld.informed import (
-    FlipEvidence,
-    InformedChain,
-    conditional_inclusion,
-    flip_evidence,
-    informed_indicator_chain,
-)
 from numpyro_sg.kernels.esgld.kernel import ESGLD
-from numpyro_sg.kernels.esgld.options import (
-    DEFAULT_STEP_SIZE,
-    PLAIN_LAPLACE_STEP_SIZE,
-    DEFAULT_WEIGHT_ROWS,
-    PAPER_STEP_SIZE,
-    ESGLDHyper,
-    ESGLDOptions,
-    ESGLDSetup,
-    anchor_iterations,
-    esgld_hyperparameters,
-    resolve_algorithm,
-)
-from numpyro_sg.kernels.esgld.paper import (
-    IndicatorChain,
+from numpyro_sg.kernels.esgld.paper import (  # noqa: F401
     IndicatorTarget,
-    Proposal,
     acceptance_probability,
-    apply_proposal,
     move_probabilities,
-    penalty,
     propose_move,
     rjmh_indicator_chain,
 )
-from numpyro_sg.kernels.esgld.step import ESGLDState, esgld_initial_state, esgld_step, guard_norm
-from numpyro_sg.kernels.esgld.targets import (
-    coordinate_prior_table,
-    coordinate_table,
-    generic_indicator_target,
-    glm_indicator_target,
-    indicator_target,
-    model_averaged_gradient,
-)
-from numpyro_sg.kernels.esgld.weights import (
-    correlation_weights,
-    deviance_weights,
+from numpyro_sg.kernels.esgld.step import guard_norm  # noqa: F401
+from numpyro_sg.kernels.esgld.targets import coordinate_table, indicator_target  # noqa: F401
+from numpyro_sg.kernels.esgld.weights import (  # noqa: F401
     proposal_weights,
     resolve_proposal_weights,
 )
-from numpyro_sg.spike_slab import init_to_spike
 
-__all__ = [
-    "ESGLD", "ESGLDState", "ESGLDHyper", "ESGLDSetup", "ESGLDOptions", "esgld_step", "esgld_initial_state",
-    "esgld_hyperparameters", "resolve_algorithm", "anchor_iterations", "guard_norm",
-    "DEFAULT_STEP_SIZE", "PLAIN_LAPLACE_STEP_SIZE", "PAPER_STEP_SIZE", "DEFAULT_WEIGHT_ROWS",
-    # the paper's reversible-jump chain and its weights
-    "move_probabilities", "propose_move", "apply_proposal", "Proposal", "penalty", "acceptance_probability",
-    "IndicatorTarget", "IndicatorChain", "rjmh_indicator_chain",
-    "resolve_proposal_weights", "proposal_weights", "correlation_weights", "deviance_weights",
-    # targets
-    "generic_indicator_target", "glm_indicator_target", "coordinate_table", "coordinate_prior_table",
-    "indicator_target", "model_averaged_gradient", "init_to_spike",
-    # the default: control variates and informed moves
-    "GLMAnchor", "CVBatch", "glm_anchor", "cv_batch", "remainder_terms", "hess_matvec",
-    "cv_loglik_gradient", "laplace_step_scale",
-    "FlipEvidence", "InformedChain", "flip_evidence", "conditional_inclusion", "informed_indicator_chain",
-]
+__all__ = ["ESGLD"]

@@ -32,9 +32,6 @@ from jax import lax
 
 from numpyro_sg.spike_slab import GLMBatch, GLMFamily
 
-__all__ = ["GLMAnchor", "CVBatch", "glm_anchor", "cv_batch", "remainder_terms", "hess_matvec",
-           "cv_loglik_gradient", "laplace_step_scale"]
-
 #: supports up to this size use a small gather in :func:`hess_matvec`
 _SMALL_SUPPORT = 64
 

@@ -37,9 +37,6 @@ from numpyro_sg.kernels.esgld.control_variates import CVBatch, GLMAnchor, hess_m
 from numpyro_sg.kernels.esgld.paper import acceptance_probability, penalty
 from numpyro_sg.spike_slab import GLMFamily
 
-__all__ = ["FlipEvidence", "InformedChain", "flip_evidence", "conditional_inclusion",
-           "informed_indicator_chain"]
-
 
 class FlipEvidence(NamedTuple):
     """Evidence of the single-flip candidates (s, j), arrays of shape (S, p), S = 1 or 2 sign

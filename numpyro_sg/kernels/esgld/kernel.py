@@ -31,8 +31,6 @@ from numpyro_sg.kernels.esgld.weights import proposal_weights, resolve_proposal_
 from numpyro_sg.kernels.step_size import step_size_at
 from numpyro_sg.spike_slab import SpikeSlab, effective_site_name, find_spike_slab, start_fn
 
-__all__ = ["ESGLD"]
-
 
 class ESGLD(SGKernel):
     r"""Extended SGLD for Bayesian variable selection with a spike-and-slab NumPyro model
@@ -388,4 +386,3 @@ def _given_start(ss: SpikeSlab, init_params, inclusion_name, num_chains):
     if gamma is None:
         gamma = jnp.zeros((ss.num_coefficients,) if num_chains is None else (num_chains, ss.num_coefficients))
     return given, jnp.asarray(gamma).astype(jnp.int32)
-

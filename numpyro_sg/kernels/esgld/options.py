@@ -23,9 +23,6 @@ from numpyro_sg.kernels.base import check_choice
 from numpyro_sg.kernels.step_size import resolve_step_size
 from numpyro_sg.spike_slab import SpikeSlab
 
-__all__ = ["ESGLDOptions", "ESGLDHyper", "ESGLDSetup", "esgld_hyperparameters", "resolve_algorithm",
-           "anchor_iterations", "anchor_applies", "DEFAULT_STEP_SIZE", "PLAIN_LAPLACE_STEP_SIZE", "PAPER_STEP_SIZE", "DEFAULT_WEIGHT_ROWS"]
-
 WEIGHT_KINDS = ("auto", "correlation", "deviance", "uniform")
 _CORRECTIONS = (None, "penalty")
 _FAST_PATHS = ("auto", "glm", "generic")

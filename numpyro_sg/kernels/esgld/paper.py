@@ -26,9 +26,6 @@ from jax import lax, random
 
 from numpyro_sg.kernels.guard import freeze
 
-__all__ = ["move_probabilities", "Proposal", "propose_move", "apply_proposal", "penalty",
-           "IndicatorTarget", "IndicatorChain", "rjmh_indicator_chain", "acceptance_probability"]
-
 
 def move_probabilities(size, max_size):
     """(P(birth), P(death), P(exchange)) for a current model S of size ``size`` (the paper's supplement §3).

@@ -18,8 +18,6 @@ from numpyro_sg.infer.sharded_minibatch import ShardedMinibatcher
 from numpyro_sg.kernels.esgld.options import ESGLDSetup, anchor_applies
 from numpyro_sg.spike_slab import SpikeSlab
 
-__all__ = ["sharded_minibatcher", "shard_setup"]
-
 
 def sharded_minibatcher(model, plates, shards, ss: SpikeSlab, proposal, gradient,
                         replace_rows) -> ShardedMinibatcher:

@@ -43,8 +43,6 @@ from numpyro_sg.kernels.guard import guarded_update, init_guard, rms
 from numpyro_sg.kernels.moves import langevin_move, langevin_noise_variance
 from numpyro_sg.kernels.step_size import step_size_at
 
-__all__ = ["ESGLDState", "esgld_initial_state", "esgld_step", "LangevinInput", "guard_norm"]
-
 
 class ESGLDState(NamedTuple):
     """State of :class:`~numpyro_sg.ESGLD`.

@@ -19,9 +19,6 @@ import jax.numpy as jnp
 from numpyro_sg.kernels.esgld.paper import IndicatorTarget
 from numpyro_sg.spike_slab import GLMBatch, GLMFamily, SpikeSlab
 
-__all__ = ["generic_indicator_target", "coordinate_table", "coordinate_prior_table", "glm_indicator_target",
-           "indicator_target", "model_averaged_gradient"]
-
 
 def generic_indicator_target(terms: Callable) -> IndicatorTarget:
     """The target evaluated by the model: ``terms(theta, gamma) -> (log_prior, (n,) terms)`` at

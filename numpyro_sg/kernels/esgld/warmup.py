@@ -34,9 +34,6 @@ from numpyro.infer.util import initialize_model
 from numpyro_sg.infer.warmup import fit_model_mode
 from numpyro_sg.spike_slab import find_spike_slab
 
-__all__ = ["LaplaceScales", "initial_mode", "coefficient_index", "laplace_scales", "prior_curvature",
-           "warmup_step_scale", "start_at_mode", "full_model_sds"]
-
 
 class LaplaceScales(NamedTuple):
     """The curvatures of the Laplace step: ``lik_precision`` λ (p,), the full-data

@@ -12,8 +12,6 @@ from jax import lax
 
 from numpyro_sg.spike_slab import GLMBatch
 
-__all__ = ["correlation_weights", "deviance_weights", "resolve_proposal_weights", "proposal_weights"]
-
 _W_MIN = 1e-6
 
 

@@ -57,15 +57,15 @@ over a mesh), :mod:`.kernel` (the NumPyro shell
 :class:`SparseAsync`, hyperparameter ε in ``state.hyper``: :class:`SparseAsyncHyper`).
 """
 
-from numpyro_sg.kernels.sparse_async.block import (
+from numpyro_sg.kernels.sparse_async.block import (  # noqa: F401
     BlockMove,
     block_move,
     gaussian_block_draw,
     guard_norm,
     robbins_monro,
 )
-from numpyro_sg.kernels.sparse_async.gradients import dense_async_gradient, glm_async_gradient
-from numpyro_sg.kernels.sparse_async.indicators import (
+from numpyro_sg.kernels.sparse_async.gradients import dense_async_gradient, glm_async_gradient  # noqa: F401
+from numpyro_sg.kernels.sparse_async.indicators import (  # noqa: F401
     async_inclusion_logits,
     async_update,
     compact_active,
@@ -73,22 +73,6 @@ from numpyro_sg.kernels.sparse_async.indicators import (
     sequential_sweep,
 )
 from numpyro_sg.kernels.sparse_async.kernel import SparseAsync
-from numpyro_sg.kernels.sparse_async.step import SparseAsyncHyper, SparseAsyncState
+from numpyro_sg.kernels.sparse_async.step import SparseAsyncHyper, SparseAsyncState  # noqa: F401
 
-__all__ = [
-    "SparseAsync",
-    "SparseAsyncHyper",
-    "SparseAsyncState",
-    "async_inclusion_logits",
-    "async_update",
-    "block_move",
-    "BlockMove",
-    "compact_active",
-    "dense_async_gradient",
-    "draw_subset",
-    "gaussian_block_draw",
-    "glm_async_gradient",
-    "guard_norm",
-    "robbins_monro",
-    "sequential_sweep",
-]
+__all__ = ["SparseAsync"]

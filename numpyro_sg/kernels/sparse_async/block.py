@@ -20,8 +20,6 @@ from jax import random
 from numpyro_sg.kernels.base import all_finite
 from numpyro_sg.kernels.moves import langevin_move, langevin_noise_variance, mala_step
 
-__all__ = ["gaussian_block_draw", "BlockMove", "block_move", "guard_norm", "norm_logpdf", "robbins_monro"]
-
 
 def gaussian_block_draw(key, X, weights, residual, prior_loc, prior_scale, mask=None, total=None):
     r"""Exact draw of a block u ∈ ℝ^m from its Gaussian conditional (STEP 1, ``inner="gaussian"``).

@@ -13,8 +13,6 @@ from numpyro_sg.kernels.sparse_async.gradients import dense_async_gradient
 from numpyro_sg.kernels.sparse_async.indicators import async_update, draw_subset, sequential_sweep
 from numpyro_sg.kernels.sparse_async.setup import SPIKE_KEY
 
-__all__ = ["dense_block_move", "prior_logodds_fn", "dense_indicator_update", "dense_iteration"]
-
 
 def dense_block_move(plan, unravel, params, delta, indices, step_size, keys, model_args, model_kwargs):
     """STEP 1: excluded θ from the spike, then one MALA / SGLD step of the other coordinates

@@ -28,8 +28,6 @@ from numpyro_sg.kernels.sparse_async.indicators import (
 )
 from numpyro_sg.kernels.sparse_async.setup import SPIKE_KEY
 
-__all__ = ["GLMView", "glm_view", "bucket_move", "glm_block_move", "glm_indicator_update", "glm_iteration"]
-
 
 class GLMView(NamedTuple):
     """The data rows of one fast-path iteration: ``columns(cols)`` gives X[rows][:, cols]

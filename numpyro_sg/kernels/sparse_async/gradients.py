@@ -11,8 +11,6 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-__all__ = ["evaluation_shift", "glm_async_gradient", "dense_async_gradient"]
-
 
 def evaluation_shift(theta_J, delta_J, point):
     """Change Δ of the chosen β_J from β = θ·δ to the asynchronous evaluation point:

@@ -15,8 +15,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax, random
 
-__all__ = ["draw_subset", "sequential_sweep", "async_inclusion_logits", "async_update", "compact_active"]
-
 
 def draw_subset(key, p: int, J: int):
     """A uniformly random subset of {0, …, p−1} of size J, as a (J,) int32 array (distinct).

@@ -23,8 +23,6 @@ from numpyro_sg.kernels.sparse_async.sharded import shard_plan
 from numpyro_sg.kernels.sparse_async.step import SparseAsyncState, initial_state, sparse_async_step
 from numpyro_sg.spike_slab import find_spike_slab
 
-__all__ = ["SparseAsync"]
-
 
 class SparseAsync(SGKernel):
     r"""Atchadé & Wang's (asynchronous) spike-and-slab sampler for a NumPyro model.

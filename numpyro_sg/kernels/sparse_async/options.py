@@ -13,10 +13,6 @@ from jax import lax
 from numpyro_sg.kernels.base import check_choice, check_positive
 from numpyro_sg.spike_slab import SpikeSlab
 
-__all__ = ["SparseAsyncOptions", "Plan", "check_options", "check_step_options", "check_step_size",
-           "check_variant_options", "check_int", "step_options", "resolve_inner", "bucket_sizes",
-           "VARIANTS"]
-
 VARIANTS = ("exact", "async", "sgld")
 INNERS = ("auto", "gaussian", "mala")
 TAYLORS = (None, "first", "sensitive", "second")

@@ -24,9 +24,6 @@ from numpyro_sg.kernels.sparse_async.options import (
 from numpyro_sg.spike_slab import CoordinateNormal, SpikeSlabError, effective_site_name, init_to_spike
 from numpyro_sg.spike_slab.glm import design_array, family_of, per_element_log_prob
 
-__all__ = ["GLMConstants", "fast_path_reason", "fast_constants", "check_plan_inputs", "make_plan",
-           "split_init_params", "spike_draws", "initial_values", "SPIKE_KEY"]
-
 #: the entry of ``state.z`` holding the key of the output's spike draws
 SPIKE_KEY = "_spike_key"
 

@@ -33,8 +33,6 @@ from numpyro_sg.kernels.sparse_async.options import Plan
 from numpyro_sg.kernels.sparse_async.setup import GLMConstants
 from numpyro_sg.kernels.sparse_async.step import SparseAsyncState
 
-__all__ = ["ShardedPlan", "shard_plan", "state_specs"]
-
 
 class ShardedPlan(NamedTuple):
     """What one shard's step reads: its ``plan`` (local plate, ``row_axes``), its local

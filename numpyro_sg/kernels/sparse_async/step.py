@@ -17,9 +17,6 @@ from numpyro_sg.kernels.sparse_async.dense import dense_iteration
 from numpyro_sg.kernels.sparse_async.glm import glm_iteration
 from numpyro_sg.kernels.sparse_async.setup import SPIKE_KEY
 
-__all__ = ["SparseAsyncHyper", "SparseAsyncState", "initial_state", "chain_point", "guard_chain",
-           "kept_active", "adapted_step_size", "sparse_async_step"]
-
 
 class SparseAsyncHyper(NamedTuple):
     """Hyperparameters of :class:`~numpyro_sg.SparseAsync` held in its state: ``step_size`` the
