@@ -128,15 +128,17 @@ def program_settings(obj, skip=()) -> tuple | None:
 
 
 class SGKernel(ProgressText, MCMCKernel):
-    """Base class of the stochastic-gradient kernels (not used directly).
+    """Base class of the stochastic-gradient kernels (not used directly).  The options below are
+    those every kernel takes; the gradient kernels' shared options, these among them, are documented
+    together in :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
 
     :param model: a NumPyro model whose likelihood sits in a subsample plate
         (``numpyro.plate(name, N, subsample_size=n)`` with ``numpyro.subsample`` inside).
-    :param subsample_size: mini-batch size n to draw, overriding the plate's own (an int, or a
-        dict ``{plate_name: n}`` when there are several plates). The N/n scale follows the size
-        actually used. Must lie in [1, N].
-    :param bool replace: draw indices with replacement (default; O(n) per iteration) or
-        without replacement by walking a per-epoch random permutation.
+    :param subsample_size: mini-batch size n, overriding the plate's own (an int, or a dict
+        ``{plate_name: n}`` when there are several plates); the N/n scale follows the size
+        actually used.  Must lie in [1, N].
+    :param bool replace: draw indices with replacement (default; O(n) per iteration) or without
+        replacement, walking epochs (a random permutation of the data per epoch).
     :param init_strategy: NumPyro per-site initialisation strategy; ``None`` for the kernel's
         default (see each kernel).
     :param bool check_data: check at ``init`` that the data to be subsampled are finite.

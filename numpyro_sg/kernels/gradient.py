@@ -56,7 +56,6 @@ PRECONDITIONERS = ("laplace", "adapt", None)
 #: accepted values of ``gradient``
 GRADIENTS = ("cv", "plain")
 
-
 #: the state fields of every gradient kernel; a kernel adds its own (:func:`gradient_state`)
 GRADIENT_STATE_FIELDS = ("i", "z", "log_density_grad", "grad_noise_sd", "step_size", "hyper", "precond",
                          "anchor", "moments", "guard", "diverging", "batch_state", "rng_key")
@@ -73,24 +72,32 @@ def gradient_state(name: str, extra: tuple = (), doc: str = ""):
 
 
 class GradientKernel(SGKernel):
-    """Shell of the gradient-based kernels (SGLD, SGBD): see the module docstring.
+    """Shell of the gradient-based kernels (SGLD, SGBD, SGHMC, SGNHT, pSGLD, BAOAB; see the module
+    docstring), and the one place documenting the options they all share (``SHARED_OPTIONS``):
 
-    :param preconditioner: ``"laplace"`` (default: M = the Laplace covariance at the mode
-        found by the warmup — dense for up to ``warmup_options.dense_max`` coordinates,
-        diagonal above), ``"adapt"`` (Laplace, then re-estimated from each chain's warmup
-        draws), ``None`` (M = I: step sizes in absolute units), or an array: per-coordinate
-        scales (d,) (M = diag(scale²)) or a covariance (d, d).
-    :param str gradient: ``"cv"`` (default: control variates around the warmup mode) or
-        ``"plain"`` (the mini-batch gradient).
-    :param warmup_options: a :class:`~numpyro_sg.infer.warmup.WarmupOptions` (or a dict of its
-        fields) for the mode search, or a :class:`~numpyro_sg.infer.warmup.ModeFit` computed before
-        (reused as is).
+    :param preconditioner: ``"laplace"`` (default: M = the Laplace covariance at the mode found by the
+        warmup — dense for up to ``warmup_options.dense_max`` coordinates, diagonal above), ``"adapt"``
+        (Laplace, then re-estimated from each chain's warmup draws), ``None`` (M = I: step sizes in
+        absolute units; give ``step_size``), or an array: per-coordinate scales (d,) (M = diag(scale²))
+        or a covariance (d, d).
+    :param str gradient: ``"cv"`` (default: control variates around the warmup mode) or ``"plain"`` (the
+        mini-batch gradient).
+    :param warmup_options: options of the warmup's mode search: a :class:`~numpyro_sg.infer.warmup.WarmupOptions`
+        (or a dict of its fields), or a :class:`~numpyro_sg.infer.warmup.ModeFit` computed before (reused as is).
+    :param subsample_size: mini-batch size n, overriding the plate's own (an int, or a dict ``{plate_name: n}``
+        when there are several plates); the N/n scale follows the size actually used.  Must lie in [1, N].
+    :param bool replace: draw indices with replacement (default; O(n) per iteration) or without replacement,
+        walking epochs (a random permutation of the data per epoch).
+    :param init_strategy: NumPyro init strategy; the default ``None`` starts every chain at a draw of the
+        Laplace approximation at the mode.  An explicit strategy (or ``init_params``) wins.
+    :param bool check_data: check at ``init`` that the data to be subsampled are finite.
+    :param float noise_ema_weight: β ∈ (0, 1] (default 0.1) of the EMA of the gradient-noise sd,
+        τ̂⁽ᵏ⁾ = (1−β)·τ̂⁽ᵏ⁻¹⁾ + β·τ̂_k.
 
-    Memory per step is O(n·k + d) at any d: the gradient-noise sd τ̂ (when the kernel needs it)
-    comes from per-datum gradients only while n·d ≤ 10⁶, else from k ≤ 16 group means
-    (attribute ``noise_groups``, :func:`numpyro_sg.infer.minibatch.noise_groups`); the Laplace
-    preconditioner is diagonal above ``warmup_options.dense_max`` coordinates (Hutchinson
-    estimate from Hessian-vector products, never a d×d matrix).
+    Memory per step is O(n·k + d) at any d: the gradient-noise sd τ̂ (when the kernel needs it) comes from
+    per-datum gradients only while n·d ≤ 10⁶, else from k ≤ 16 group means (attribute ``noise_groups``,
+    :func:`numpyro_sg.infer.minibatch.noise_groups`); the Laplace preconditioner is diagonal above
+    ``warmup_options.dense_max`` coordinates (Hutchinson estimate from Hessian-vector products, no d×d matrix).
     """
 
     #: the keyword arguments every gradient kernel passes to this class's ``__init__``
@@ -338,9 +345,8 @@ class GradientKernel(SGKernel):
         if frozen:
             return [frozen_report(frozen, self.preconditioner, state.step_size)]
         if d > self.warmup_options.dense_max:
-            # a diagonal Laplace preconditioner (d > dense_max) ignores the correlations and
-            # is shrunk for stability (WarmupOptions.stabilise_diagonal): it is no posterior
-            # approximation to measure the draws' misfit against
+            # a diagonal Laplace preconditioner (d > dense_max) ignores the correlations and is shrunk for
+            # stability (WarmupOptions.stabilise_diagonal): no posterior approximation to measure the misfit against
             return []
         return misfit_report(fit, counts, means, m2s, (self.MISFIT_OFFSET, self.MISFIT_EIGENVALUES))
 

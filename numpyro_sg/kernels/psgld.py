@@ -148,19 +148,14 @@ class PSGLD(GradientKernel):
         ``"adapt"`` preconditioner (V's value under the Laplace approximation), 0 otherwise
         (Li et al.).
     :param float temperature: τ (default 1).
-    :param preconditioner: ``"laplace"`` (default), ``"adapt"``, ``None`` or an array; see
-        :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
-    :param str gradient: ``"cv"`` (default) or ``"plain"``.
     :param correct_discretisation: inject ε·τ·G·(1 − ε·G/4) instead of ε·τ·G (default: on with
         the ``"laplace"``/``"adapt"`` preconditioner, off otherwise).
     :param bool estimate_noise: compute the gradient-noise sd τ̂ (the ``grad_noise_sd``
         field) from per-datum gradients (default ``False``).
-    :param warmup_options: options of the mode search, or a ModeFit to reuse.
-    :param subsample_size: mini-batch size n (overrides the plate's; the N/n scale follows).
-    :param bool replace: draw indices with replacement (default) or walk epochs.
-    :param init_strategy: NumPyro init strategy (default ``None``: Laplace draws at the mode).
-    :param bool check_data: check that the subsampled data are finite.
-    :param float noise_ema_weight: β of the EMA of τ̂.
+
+    The options every gradient kernel shares (``preconditioner``, ``gradient``, ``warmup_options``,
+    ``subsample_size``, ``replace``, ``init_strategy``, ``check_data``, ``noise_ema_weight``) are
+    documented once in :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
 
     Extra fields: ``step_size``, ``rms``, ``rms_scale``, ``curvature``, ``grad_noise_sd``,
     ``diverging``.

@@ -150,18 +150,13 @@ class SGBD(GradientKernel):
         as adaptation does everywhere in NumPyro; ``"always"`` adapts at every iteration (the
         paper's algorithm); ``False`` (default) keeps ``step_size``.  The rule is meant for
         plain gradients: with control variates τ̂ is small and the adapted σ large.
-    :param preconditioner: ``"laplace"`` (default), ``"adapt"``, ``None`` or an array; see
-        :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
-    :param str gradient: ``"cv"`` (default) or ``"plain"``.
     :param correct_discretisation: use c = 1 + σ²/4 (default: on with the
         ``"laplace"``/``"adapt"`` preconditioner).
     :param bool estimate_noise: compute τ̂ (default: when the variant or adaptation needs it).
-    :param warmup_options: options of the mode search, or a ModeFit to reuse.
-    :param subsample_size: mini-batch size n (overrides the plate's; the N/n scale follows).
-    :param bool replace: draw indices with replacement (default) or walk epochs.
-    :param init_strategy: NumPyro init strategy (default ``None``: Laplace draws at the mode).
-    :param bool check_data: check that the subsampled data are finite.
-    :param float noise_ema_weight: β of the EMA of τ̂.
+
+    The options every gradient kernel shares (``preconditioner``, ``gradient``, ``warmup_options``,
+    ``subsample_size``, ``replace``, ``init_strategy``, ``check_data``, ``noise_ema_weight``) are
+    documented once in :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
 
     Extra fields: ``step_size``, ``grad_noise_sd``, ``frac_past_breaking_point``, ``diverging``.
 

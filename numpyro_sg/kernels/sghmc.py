@@ -103,18 +103,13 @@ class SGHMC(MomentumKernel):
     :param str variant: ``"vanilla"`` (default) or ``"corrected"`` (subtract the gradient
         noise's variance η²·τ̂² from the injected noise; needs τ̂ from per-datum gradients).
     :param float temperature: τ (default 1).
-    :param preconditioner: ``"laplace"`` (default), ``"adapt"``, ``None`` or an array; see
-        :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
-    :param str gradient: ``"cv"`` (default) or ``"plain"``.
     :param correct_discretisation: multiply the injected variance by (1 − η/(4 − 2α))
         (default: on with the ``"laplace"``/``"adapt"`` preconditioner, off otherwise).
     :param bool estimate_noise: compute τ̂ (default: only when the variant needs it).
-    :param warmup_options: options of the mode search, or a ModeFit to reuse.
-    :param subsample_size: mini-batch size n (overrides the plate's; the N/n scale follows).
-    :param bool replace: draw indices with replacement (default) or walk epochs.
-    :param init_strategy: NumPyro init strategy (default ``None``: Laplace draws at the mode).
-    :param bool check_data: check that the subsampled data are finite.
-    :param float noise_ema_weight: β of the EMA of τ̂.
+
+    The options every gradient kernel shares (``preconditioner``, ``gradient``, ``warmup_options``,
+    ``subsample_size``, ``replace``, ``init_strategy``, ``check_data``, ``noise_ema_weight``) are
+    documented once in :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
 
     Extra fields: ``step_size`` (ε), ``momentum`` (flat, working frame), ``momentum_norm``,
     ``grad_noise_sd``, ``diverging``.
@@ -208,18 +203,14 @@ class SGNHT(MomentumKernel):
     :param float friction: a ∈ (0, 1]: the injected noise 2·a·η·τ and the thermostat's start
         (default :data:`SGNHT_DEFAULT_FRICTION`).
     :param float temperature: τ (default 1).
-    :param preconditioner: ``"laplace"`` (default), ``"adapt"``, ``None`` or an array.
-    :param str gradient: ``"cv"`` (default) or ``"plain"``.
     :param correct_discretisation: measure the kinetic energy as (1 − ζ/2)·v² (default: on with
         the ``"laplace"``/``"adapt"`` preconditioner, off otherwise).
     :param bool estimate_noise: compute τ̂ to monitor it (``grad_noise_sd``; the update does not
         use it).
-    :param warmup_options: options of the mode search, or a ModeFit to reuse.
-    :param subsample_size: mini-batch size n (overrides the plate's; the N/n scale follows).
-    :param bool replace: draw indices with replacement (default) or walk epochs.
-    :param init_strategy: NumPyro init strategy (default ``None``: Laplace draws at the mode).
-    :param bool check_data: check that the subsampled data are finite.
-    :param float noise_ema_weight: β of the EMA of τ̂.
+
+    The options every gradient kernel shares (``preconditioner``, ``gradient``, ``warmup_options``,
+    ``subsample_size``, ``replace``, ``init_strategy``, ``check_data``, ``noise_ema_weight``) are
+    documented once in :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
 
     Extra fields: ``step_size`` (ε), ``momentum``, ``momentum_norm``, ``thermostat`` (ζ),
     ``grad_noise_sd``, ``diverging``.  Replacing ``friction`` (tuning) restarts ζ at the new a.

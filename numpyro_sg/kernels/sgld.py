@@ -80,22 +80,14 @@ class SGLD(GradientKernel):
     :param str variant: ``"vanilla"`` or ``"corrected"`` (c-SGLD: subtract the gradient noise's
         variance from the injected noise; needs τ̂ from per-datum gradients).
     :param float temperature: τ (default 1).
-    :param preconditioner: ``"laplace"`` (default), ``"adapt"``, ``None`` or an array; see
-        :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
-    :param str gradient: ``"cv"`` (default) or ``"plain"``.
     :param correct_discretisation: inject ε·τ·(1 − ε/4) instead of ε·τ (default: on with the
         ``"laplace"``/``"adapt"`` preconditioner, off otherwise).
     :param bool estimate_noise: compute τ̂ from per-datum gradients (default: only when the
         variant needs it; costs about one extra gradient evaluation per iteration).
-    :param warmup_options: options of the mode search (:class:`~numpyro_sg.infer.warmup.WarmupOptions`
-        or a dict), or a :class:`~numpyro_sg.infer.warmup.ModeFit` to reuse.
-    :param subsample_size: mini-batch size n (overrides the plate's; the N/n scale follows).
-    :param bool replace: draw indices with replacement (default) or walk epochs.
-    :param init_strategy: NumPyro init strategy; default ``None`` starts every chain at a draw
-        of the Laplace approximation at the mode.  An explicit strategy (or ``init_params``)
-        wins.
-    :param bool check_data: check that the subsampled data are finite.
-    :param float noise_ema_weight: β of the EMA τ̂⁽ᵏ⁾ = (1−β)·τ̂⁽ᵏ⁻¹⁾ + β·τ̂_k.
+
+    The options every gradient kernel shares (``preconditioner``, ``gradient``, ``warmup_options``,
+    ``subsample_size``, ``replace``, ``init_strategy``, ``check_data``, ``noise_ema_weight``) are
+    documented once in :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
 
     Extra fields: ``step_size``, ``grad_noise_sd``, ``diverging``.
 

@@ -131,13 +131,14 @@ class ESGLD(SGKernel):
     :param weight_rows: rows used to compute data-based proposal weights (default
         :data:`~numpyro_sg.kernels.esgld.options.DEFAULT_WEIGHT_ROWS` = 20,000); an error with
         weights that read no data.
-    :param subsample_size: mini-batch size n (overrides the plate's; the N/n scale follows).
-        n = N means full-batch: every iteration uses all N data (no noise).
-    :param bool replace: draw indices with replacement (default) or walk epochs.
+    :param subsample_size: mini-batch size n, as for every kernel; n = N means full-batch: every
+        iteration uses all N data (no noise).
     :param init_strategy: NumPyro init strategy for the continuous sites (run with γ = 0);
         default :func:`~numpyro_sg.spike_slab.init_to_spike` (θ from the spike, which the
         paper's search needs).
-    :param bool check_data: check that the subsampled data are finite.
+
+    ``subsample_size``, ``replace`` and ``check_data``, options every kernel shares, are
+    documented once in :class:`~numpyro_sg.kernels.base.SGKernel`.
 
     Output per draw (``mcmc.get_samples()``): the constrained continuous sites (θ, …), the
     indicator γ_m as int32 in {0, 1}, the effective coefficients β = θ·γ_m and the inclusion

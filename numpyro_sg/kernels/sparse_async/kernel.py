@@ -118,7 +118,9 @@ class SparseAsync(SGKernel):
         or walks per-epoch permutations (``False``).
     :param init_strategy: NumPyro init strategy of the continuous sites (default: θ from the
         spike, δ = 0; pass ``init_params={..., "delta": δ0}`` to start from another model).
-    :param bool check_data: check at ``init`` that the data in the subsample plate are finite.
+
+    ``check_data``, an option every kernel shares, is documented once in
+    :class:`~numpyro_sg.kernels.base.SGKernel`.
 
     Output per draw (``mcmc.get_samples()``): θ (excluded coordinates drawn from the spike),
     δ (int32), θ·δ.  Extra fields: ``model_size`` (size(δ)), ``step_size``, ``accept_prob``,
