@@ -112,9 +112,9 @@ def npy_from_parquet(path, columns, out_path, dtype=np.float32, batch_rows: int 
 
     single = isinstance(columns, str)
     columns = [columns] if single else list(columns)
-    # no pre-buffering, a small read buffer: pyarrow's default buffers whole row groups and kept
-    # ≈ 5 GB in its pool while streaming a 4 GB file (measured); this way ≈ 0.2 GB.  One decoding
-    # thread: the reader's thread pool added 30-40 MB of varying per-thread memory (measured)
+    # no pre-buffering, a small read buffer and one decoding thread: pyarrow's defaults (whole row
+    # groups buffered, a thread pool's per-thread memory) hold many times more (measured:
+    # docs/big_data.md, "Data larger than memory")
     source = pq.ParquetFile(str(path), pre_buffer=False, buffer_size=1 << 20)
     N = source.metadata.num_rows
     shape = (N,) if single else (N, len(columns))

@@ -8,8 +8,8 @@ only when everything the search reads is the same:
 * the settings: the model (a function by identity, a marginal of local latents by value),
   its plates, the parameters' structure, the warmup options, the float type and the backend;
 * the search's fall-back start, the init strategy's chain-0 draw, by value;
-* the data, leaf by leaf: a NumPy array by its content (SHA-256 of its bytes, about 50 ms per
-  100 MB: an array changed in place is new data), a JAX array (immutable) by identity, held
+* the data, leaf by leaf: a NumPy array by its content (SHA-256 of its bytes, its cost in
+  ``docs/performance.md``: an array changed in place is new data), a JAX array (immutable) by identity, held
   weakly (a freed array's entry is dropped), a :class:`~numpyro_sg.infer.disk_rows.NpyRows`
   file by its path, size and modification time, a Python scalar by value.
 

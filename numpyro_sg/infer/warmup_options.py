@@ -30,8 +30,8 @@ class WarmupOptions:
     :param int large_d_epochs: see ``batch_size`` (default 100).
     :param int newton_steps: at most this many full-data Newton steps; default 30 up to
         ``dense_max`` coordinates, 8 above (:meth:`resolved`).  The loop stops when it has
-        converged (two or three steps on a generalised linear model); from the end of the
-        Adam phase on a mixture, a slowly converging start, it took 10–20.
+        converged; the default leaves room for slowly converging starts such as a mixture's
+        (step counts measured in ``docs/warmup.md``, "What the warmup does").
     :param float tolerance: Newton has converged when every step component is below this
         many Laplace sds.
     :param int chunk_size: rows per chunk of the full-data passes.
@@ -56,8 +56,8 @@ class WarmupOptions:
         from group gradients, :meth:`~numpyro_sg.infer.minibatch.Minibatcher.fisher_diagonal`, plus
         a Hutchinson estimate of the prior's alone) or ``"hutchinson"`` (Hutchinson on the
         whole Hessian: noisy for coordinates coupled to many others, which then get too wide
-        a scale — on BPMF it underestimated some factors' curvature 16-fold and SGLD
-        diverged).  The Newton steps use a 16-probe Hutchinson diagonal either way.
+        a scale and can make the kernels diverge, as SGLD did on BPMF: ``docs/reproductions.md``).
+        The Newton steps use a 16-probe Hutchinson diagonal either way.
     :param max_noise_heat: above ``dense_max`` coordinates, the diagonal scales are further
         divided by √(h/``max_noise_heat``) when the gradient-noise heat h (see
         :attr:`ModeFit.noise_heat`; τ̂ of the control-variate gradient at ``noise_points``
@@ -72,11 +72,10 @@ class WarmupOptions:
         largest over two mini-batches, in the frame of the scales after the shrinks above) —
         exceeds it, the diagonal scales are further divided by √λ_B (λ_B becomes 1).  On sparse
         data (a film rated once gets N/n times its rating's curvature on the steps that draw it)
-        λ_B is far above the full data's λ, which the other shrinks see: on MovieLens BPMF
-        (d ≈ 10⁵, 1% mini-batches) 15–23 against 0.5, and every kernel's default step diverged
-        there; with this shrink none does.  Dense data stay near 1 (1.1–1.4 on a Poisson model
-        with 500 group effects; ≤ 1 on the simulated ratings matrix): no change below the
-        threshold.  ``None`` disables it.
+        λ_B is far above the full data's λ, which the other shrinks see, and every kernel's
+        default step diverged on MovieLens BPMF; with this shrink none does.  Dense data stay
+        near 1: no change below the threshold (measured: ``docs/reproductions.md``).  ``None``
+        disables it.
     :param bool stabilise_diagonal: divide the diagonal Laplace scales by √(2λ − 1), λ the
         top eigenvalue of the whitened −H (power iteration on Hessian-vector products), so
         that a step size in preconditioner units is about as stable along the stiffest
@@ -259,11 +258,9 @@ class ModeFit:
         ascent a (:attr:`start_ascents`) is small, a ≤ ``gap`` (x has about stopped climbing),
         and Δ − a > ``gap`` (where it stops is still well below θ̂).  Up to 64 coordinates a is
         the Newton decrement with the full curvature, ``inf`` where −H is not positive definite
-        (no local maximum there).  Measured: the starts that ended in another mode of a Gaussian
-        mixture (a component emptied or two merged) have a of 0.4–40; those of a linear mixed
-        model stopped far out on a slope (a variance far too large, where the likelihood is
-        flat), and those of a random intercept-and-slope model stopped on the ridge where a
-        group sd trades off with the intercept (a diagonal estimate of 5–20), are not counted.
+        (no local maximum there).  Starts that stopped far out on a slope or on a ridge are not
+        counted; the values of a measured on mixtures and mixed models are in ``docs/warmup.md``,
+        "What the warmup does".
         """
         values = np.asarray(self.start_log_densities, np.float64)
         if len(values) == 0 or len(self.start_ascents) != len(values):

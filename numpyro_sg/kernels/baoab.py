@@ -52,11 +52,10 @@ from numpyro_sg.kernels.base import check_positive
 from numpyro_sg.kernels.gradient import GradientKernel, gradient_state
 from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
 
-#: default ε = h² in the working frame of the Laplace preconditioner (docs/kernels.md).  ε = 1 with
-#: γ = 1 mixed about twice as fast as SGLD on near-Gaussian posteriors at its accuracy, but on a
-#: model with a weak variance component (correlated random intercepts and slopes) its ξ(σ̂)
-#: against NUTS was 0.48, SGLD's 0.045; ε = 0.35 with γ = 3 (c ≈ 0.17: near the high-friction
-#: limit, a Langevin step of h² = 0.35) had 0.048
+#: default ε = h² in the working frame of the Laplace preconditioner; with γ = 3 (c ≈ 0.17: near
+#: the high-friction limit, a Langevin step of h² = 0.35) as accurate as SGLD also on posteriors
+#: far from Gaussian, where larger steps mix faster but are biased (measured: docs/kernels.md,
+#: "BAOAB", "Defaults")
 DEFAULT_STEP_SIZE = 0.35
 #: default friction γ (per unit time; c = exp(−γ·√ε) per step)
 DEFAULT_FRICTION = 3.0

@@ -6,8 +6,7 @@ text after every iteration.  :class:`ProgressText` answers from the state every
 :data:`DIAGNOSTICS_INTERVAL` seconds (and at the 1st, 2nd, 4th, … iteration), and each reading
 stamps the run clock with the iteration it read (:mod:`~numpyro_sg.infer.run_clock`), which
 times the run without any host callback in the step: a step holding one (it carries an effect)
-leaves JAX's fast dispatch path, which cost about 0.35 ms an iteration here (a second run of
-4 × 3,000 iterations at N = 10⁵: 1.6 s against 0.5 s).
+leaves JAX's fast dispatch path (its cost: ``docs/performance.md``, on the progress bar).
 
 NumPyro asks vectorised chains for the text only when the kernel is an *ensemble kernel*; the
 kernels say they are one once ``init`` has seen vectorised chains.  NumPyro then starts the
@@ -23,7 +22,7 @@ import jax.numpy as jnp
 from jax import random
 
 #: seconds between two readings of the state for the progress bar's text: each reading waits for
-#: the step in flight (read at every iteration, a fast kernel's single chain ran 5–10% slower)
+#: the step in flight, which slows a fast kernel read at every iteration (docs/performance.md)
 DIAGNOSTICS_INTERVAL = 0.25
 
 

@@ -88,10 +88,10 @@ def discretisation_logit_scale(sigma):
     r"""c = 1 + σ²/4: the logit multiplier that removes SGBD's first-order variance inflation.
 
     For a standard Gaussian target the Barker increments have drift ≈ c·σ²·ĝ/2 and variance
-    ≈ σ², so the chain's stationary variance is ≈ 1/(c − c²σ²/4): 1 + σ²/4 + O(σ⁴) at c = 1
-    (measured: +7% at σ = 0.5, +13% at σ = 0.7, +26% at σ = 1), ≈ 1 at c = 1 + σ²/4
-    (measured: +0.7%, +1.7%, +6%).  Meant for the working frame of a preconditioner close to
-    the posterior covariance, like SGLD's ``correct_discretisation``.
+    ≈ σ², so the chain's stationary variance is ≈ 1/(c − c²σ²/4): 1 + σ²/4 + O(σ⁴) at c = 1,
+    ≈ 1 at c = 1 + σ²/4 (measured: ``docs/warmup.md``, "Discretisation correction").  Meant for
+    the working frame of a preconditioner close to the posterior covariance, like SGLD's
+    ``correct_discretisation``.
     """
     return 1.0 + jnp.asarray(sigma) ** 2 / 4.0
 

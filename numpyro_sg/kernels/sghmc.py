@@ -32,9 +32,8 @@ from numpyro_sg.kernels.step_size import step_size_at
 DEFAULT_FRICTION = 0.5
 #: default ε of SGHMC in the working frame of the Laplace preconditioner (η = ε/2): α times
 #: SGLD's default, so that the Langevin step the chain takes at high friction, ε/α, is SGLD's
-#: ε = 0.7.  ε = 1 matched SGLD's bias on near-Gaussian posteriors (and mixed about twice as
-#: fast), but on a model with a weak variance component (correlated random intercepts and
-#: slopes, 160 groups) its ξ(σ̂) against NUTS was 0.35, SGLD's 0.045, and at ε = 0.35, 0.058
+#: ε = 0.7; a larger ε mixes faster but is biased where the posterior is far from Gaussian
+#: (measured: docs/kernels.md, "SGHMC", "Defaults")
 DEFAULT_STEP_SIZE = DEFAULT_FRICTION * SGLD_DEFAULT_STEP_SIZE
 #: largest default ε of SGNHT in the working frame of the Laplace preconditioner
 SGNHT_DEFAULT_STEP_SIZE = 1.0
@@ -48,11 +47,10 @@ SGNHT_DEFAULT_FRICTION = 0.2
 def sgnht_default_step_size(dim: int) -> float:
     """SGNHT's default ε for ``dim`` coordinates: min(1, 0.05·d).
 
-    The thermostat is driven by mean_j(v_j²), whose relative sd is √(2/d): measured on
-    whitened Gaussians, ζ fluctuates with sd ≈ √(η/d), the chains blow up (ζ leaves the stable
-    range) from sd ≈ 0.25 on, and the fluctuations shrink the position variance by ≈ Var(ζ).
-    ε = 0.05·d (η = d/40) holds the sd near 0.16 (a variance bias of ≈ 2.5%) for small models
-    and reaches ε = 1 at d = 20.
+    The thermostat is driven by mean_j(v_j²), whose relative sd is √(2/d): ζ fluctuates with
+    sd ≈ √(η/d), and on small models a larger step lets it leave its stable range, so the step
+    grows with d and reaches ε = 1 at d = 20 (measured on whitened Gaussians: ``docs/kernels.md``,
+    "Thermostat stability and the default step").
     """
     return float(min(SGNHT_DEFAULT_STEP_SIZE, SGNHT_STEP_PER_DIMENSION * dim))
 

@@ -176,8 +176,8 @@ def jackknifed_log_mean_exp(logw):
     """log (1/m) Σ_s exp(logw_s) over axis 0, jackknifed: m·L − (m − 1)·mean_j L₋ⱼ with L₋ⱼ the
     same without draw j.  The θ-gradient of log (1/m) Σ_s w_s is the self-normalised importance
     estimate of Fisher's identity, biased by O(1/m) per group — a bias that adds up over the
-    groups (0.9–2.6 NUTS sds on 20,000 logistic random intercepts with m = 16) — and the
-    jackknife removes its O(1/m) term (also from the log marginal itself)."""
+    groups (measured: ``docs/local_latents.md``, "What the kernels do") — and the jackknife
+    removes its O(1/m) term (also from the log marginal itself)."""
     m = logw.shape[0]
     full = logsumexp(logw, axis=0) - math.log(m)
     if m < 2:

@@ -57,9 +57,9 @@ from numpyro_sg.locals.sites import (
 )
 
 #: importance (or imputation) draws per group of the control-variate anchor's full-data gradient.
-#: Its Monte Carlo error is a fixed gradient offset that shifts every draw of the chain, by about
-#: 3/√m posterior sds whatever the number of groups (measured on a Poisson random intercept and
-#: on Gaussian random effects), so the anchor is computed once with many more draws than a step.
+#: Its Monte Carlo error is a fixed gradient offset that shifts every draw of the chain (by how
+#: much: docs/local_latents.md, "What the kernels do"), so the anchor is computed once with many
+#: more draws than a step.
 ANCHOR_DRAWS = 4096
 #: proposals per group and draw of the sampling-importance-resampling draws of non-Gaussian locals
 RESAMPLING_DRAWS = 256
@@ -340,8 +340,7 @@ def marginalize_locals(model, *, method="auto", num_draws=IMPORTANCE_DRAWS, df=4
         (default m/10).
     :param anchor_draws: draws per group of the control-variate anchor's full-data gradient,
         computed once at the mode (at least ``num_draws``); its Monte Carlo error would shift the
-        whole chain, by roughly 3/√anchor_draws posterior sds on a Poisson random intercept
-        (0.05 sd at the default).
+        whole chain (by how much: ``docs/local_latents.md``, "What the kernels do").
 
     **Example:**
 

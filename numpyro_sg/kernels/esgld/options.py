@@ -34,9 +34,8 @@ _PRECONDITIONERS = ("auto", "laplace", None)
 DEFAULT_STEP_SIZE = 0.25
 #: default h with the Laplace preconditioner where the control-variate anchor does not apply
 #: (a model with an intercept or another continuous site, a non-GLM likelihood): the plain
-#: mini-batch gradient's noise inflates the spread at h = 0.25 (measured on the breast-cancer
-#: logistic model with an intercept, n = 100 of N = 569: effects 0.57 posterior sds off NUTS
-#: at h = 0.25, within 0.26 at h = 0.1)
+#: mini-batch gradient's noise inflates the spread at h = 0.25 (measured: docs/esgld.md,
+#: "Without the anchor")
 PLAIN_LAPLACE_STEP_SIZE = 0.1
 #: default absolute step ε without a preconditioner (the paper's linear example)
 PAPER_STEP_SIZE = 1e-6
@@ -177,10 +176,10 @@ def anchor_iterations(family_name: str, num_warmup: int) -> tuple:
     for a non-Gaussian likelihood also 100, 400 and 1,000 when they fall in the warmup (the
     informed moves find the strong effects within the first iterations, but θ needs a few
     hundred Langevin steps to reach its posterior scale, and a stale anchor leaves a noisy
-    estimate that inflates null inclusions: measured on the logistic example of Song, Sun, Ye
-    & Liang (2020) (its supplement's Table S1), seed 0, with h = 0.1 and anchors at 0 and 100
-    only, FSR 0.27; a Gaussian likelihood's expansion is exact whatever the anchor, so once is
-    enough).  Each anchor costs one full-data product Xᵀ·diag(ℓ'')·X, O(N·p²).
+    estimate that inflates null inclusions, as measured on the logistic example of Song, Sun, Ye
+    & Liang (2020) in ``docs/esgld.md``, "Song et al. (2020), Table 1 / Table S1"; a Gaussian
+    likelihood's expansion is exact whatever the anchor, so once is enough).  Each anchor costs
+    one full-data product Xᵀ·diag(ℓ'')·X, O(N·p²).
 
     >>> anchor_iterations("bernoulli", 2000)
     (0, 100, 400, 1000)
