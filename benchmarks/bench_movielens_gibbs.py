@@ -28,7 +28,8 @@ run, scaled by the reference's sds.
 
 Measured (2-core CPU, pinned stack, ``--plot --s1-step 0.1``, 16 minutes): Gibbs on all rows
 162 ms per iteration, KSD(β) 2.18 after 500 in 86 s; on the statistics 13.3 ms, the same KSD in
-26 s; SGLD's warmup 372 s, then the same KSD after 6.2 s (defaults) or 3.2 s (S1), and 0.70 and
+26 s; SGLD's warmup 372 s (240 s since its curvature check stops at the
+first indefinite start), then the same KSD after 6.2 s (defaults) or 3.2 s (S1), and 0.70 and
 0.86 at the end.  At the default step size S1 with one imputation diverged (iteration 263).
 See docs/local_latents.md.
 """
