@@ -202,6 +202,18 @@ def test_every_public_function_and_class_has_a_docstring():
     assert not missing, "public functions/classes without a docstring:\n" + "\n".join(missing)
 
 
+#: the most names the package exports in all its ``__all__`` lists together: what users call is
+#: exported (the top level and the modules the docs import from), helpers are not
+MAX_PUBLIC_NAMES = 250
+
+
+def test_the_public_surface_stays_small():
+    counts = {module: len(getattr(importlib.import_module(module), "__all__", ())) for module in sorted(MODULES)}
+    total = sum(counts.values())
+    largest = sorted(counts.items(), key=lambda kv: -kv[1])[:5]
+    assert total <= MAX_PUBLIC_NAMES, f"{total} names in __all__ lists (at most {MAX_PUBLIC_NAMES}); largest: {largest}"
+
+
 # -- the layout: layers, sizes, user-facing text --------------------------------------------------
 #: what each part of the package may import from the others (subpackage or top-level module):
 #: infer is the bottom layer (model tracing, mini-batching, preconditioning, Laplace, warmup);
