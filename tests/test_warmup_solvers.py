@@ -15,13 +15,9 @@ from scipy import optimize, stats
 import numpyro_sg as nsg
 from numpyro_sg.infer import curvature
 from numpyro_sg.infer.laplace import damped_newton_step, laplace_approximation, laplace_scales
-from numpyro_sg.infer.warmup import (
-    WarmupOptions,
-    break_symmetry,
-    fit_model_mode,
-    laplace_preconditioner,
-    whitened_top_eigenvalue,
-)
+from numpyro_sg.infer.curvature import laplace_preconditioner, whitened_top_eigenvalue
+from numpyro_sg.infer.multistart import break_symmetry
+from numpyro_sg.infer.warmup import WarmupOptions, fit_model_mode
 
 PRIOR_SD = 3.0  # conftest.logistic_model's N(0, 3²) prior
 

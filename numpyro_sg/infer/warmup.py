@@ -46,7 +46,7 @@ from jax.flatten_util import ravel_pytree
 from numpyro.infer import init_to_uniform
 
 from numpyro_sg.infer.curvature import (columns_within_memory, dense_or_fallback, hessian_from_products,
-                                        hutchinson_diagonal, laplace_preconditioner, noise_heat_of,  # noqa: F401
+                                        hutchinson_diagonal, noise_heat_of,
                                         positive_curvature, whitened_top_eigenvalue)
 from numpyro_sg.infer.fit_store import stored_fit
 from numpyro_sg.infer.jit_data import jit_with_data
@@ -54,7 +54,7 @@ from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.laplace import NewtonResult, damped_newton, log_density_not_lower, scaled_gradient_not_larger
 from numpyro_sg.infer.minibatch import Anchor, Minibatcher
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
-from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, best_ends, break_symmetry, explore_starts, first_round_concave,  # noqa: F401
+from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, best_ends, explore_starts, first_round_concave,
                                          first_chain_draw, flat_prior_draws, padded_rows, start_ascents, start_candidates,
                                          usual_start)
 from numpyro_sg.infer.plates import subsample_plates

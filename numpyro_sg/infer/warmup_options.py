@@ -42,7 +42,7 @@ class WarmupOptions:
         that every chain of a run — whatever the chain method — starts from the same mode.
     :param float symmetry_jitter: coordinates whose gradient is exactly 0 at the zero start
         (a symmetric saddle, e.g. the factors of a matrix factorisation) start at
-        ``symmetry_jitter``·ξ instead (:func:`~numpyro_sg.infer.warmup.break_symmetry`); 0 disables it.
+        ``symmetry_jitter``·ξ instead (:func:`~numpyro_sg.infer.multistart.break_symmetry`); 0 disables it.
     :param float diagonal_tolerance: above ``dense_max`` coordinates Newton uses the Hessian's
         diagonal only, a preconditioned gradient step that converges slowly on coupled
         coordinates (matrix factorisation); it has converged when every step component is
