@@ -411,3 +411,22 @@ def test_a_reference_far_below_the_run_in_log_density_warns():
     assert abs(table.attrs["log_density"] - table.attrs["reference_log_density"]) < 0.5
     with pytest.warns(nsg.ConvergenceWarning, match="nats below the run's"):
         nsg.compare_to_reference(run, lower)
+
+
+def test_sequential_chains_segments_end_where_the_next_one_starts():
+    """Sequential chains open one clock segment each; the first chain's end, extrapolated from
+    its last two stamps, must not run past the second chain's start (a run's sampling time
+    then exceeded its wall time on the current stack's CI)."""
+    import time
+
+    from numpyro_sg.infer.run_clock import RunClock
+
+    now = time.perf_counter()
+    clock = RunClock()
+    # chain 1: stamps at iterations 10 and 20, 1 s apart, then the run stopped at 20 (not 100)
+    clock.segments = [(now - 10.0, [(10, now - 9.0), (20, now - 8.0)]),
+                      (now - 7.5, [(10, now - 7.0), (100, now - 1.0)])]
+    seconds = clock.seconds(100, segments=2)
+    # chain 1 capped at chain 2's start (2.5 s), chain 2 extrapolated to iteration 100 (6.5 s)
+    assert abs(seconds - 9.0) < 0.05
+    assert seconds <= time.perf_counter() - (now - 10.0)

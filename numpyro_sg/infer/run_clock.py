@@ -47,16 +47,20 @@ class RunClock:
 
     def seconds(self, last_iteration: int, segments: int = 1) -> float | None:
         """Seconds of the last ``segments`` segments, each to ``last_iteration`` (the counter
-        after the run, extrapolated from the last two stamps, at most to now), or ``None`` when a
-        segment has fewer than two stamps."""
-        total, now = 0.0, time.perf_counter()
-        for start, stamps in self.segments[-segments:] if len(self.segments) >= segments else ():
+        after the run, extrapolated from the last two stamps, at most to the next segment's
+        start, or to now for the last), or ``None`` when a segment has fewer than two stamps."""
+        if not segments or len(self.segments) < segments:
+            return None
+        chosen = self.segments[-segments:]
+        ends = [start for start, _ in chosen[1:]] + [time.perf_counter()]  # each ended by then
+        total = 0.0
+        for (start, stamps), latest in zip(chosen, ends):
             if len(stamps) < 2:
                 return None
             (i0, t0), (i1, t1) = stamps[-2:]
             rate = (t1 - t0) / max(i1 - i0, 1)
-            total += min(t1 + rate * max(last_iteration - i1, 0), now) - start  # (it ended by now)
-        return total if segments and len(self.segments) >= segments else None
+            total += min(t1 + rate * max(last_iteration - i1, 0), latest) - start
+        return total
 
 
 def run_seconds(mcmc) -> float | None:
