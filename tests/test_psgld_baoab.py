@@ -24,7 +24,7 @@ from numpyro.infer import MCMC, NUTS
 
 import numpyro_sg as nsg
 from numpyro_sg.arviz_compat import from_netcdf, to_netcdf
-from numpyro_sg.kernels.baoab import baoab_move, ou_coefficient
+from numpyro_sg.kernels.baoab import baoab_update, ou_coefficient
 from numpyro_sg.kernels.psgld import (
     hutchinson_diagonal,
     psgld_update,
@@ -158,7 +158,7 @@ def test_baoab_matches_sgmcmcjax():
         theirs = update1(i, key, grad(get_params(theirs)), theirs)
         theirs = update2(i, key, grad(get_params(theirs)), theirs)
         noise = jax.random.normal(jax.random.split(key, 1)[0], (3,))
-        du, p = baoab_move(p, grad(ours), dt, h_prev, gamma, tau**2, noise)
+        du, p = baoab_update(p, grad(ours), dt, h_prev, gamma, tau**2, noise)
         ours, h_prev = ours + du, dt
         np.testing.assert_allclose(ours, get_params(theirs), rtol=1e-5, atol=1e-6)
 
@@ -172,7 +172,7 @@ def test_baoab_gaussian_positions_and_momenta_are_exact():
 
     def body(carry, key):
         u, p, h_prev = carry
-        du, p = baoab_move(p, -u, h, h_prev, gamma, tau, jax.random.normal(key, u.shape))
+        du, p = baoab_update(p, -u, h, h_prev, gamma, tau, jax.random.normal(key, u.shape))
         return (u + du, p, h), (u**2, p**2)
 
     u0 = jnp.sqrt(tau) * jax.random.normal(jax.random.PRNGKey(0), (2000,))

@@ -29,7 +29,7 @@ from numpyro_sg.kernels.momentum import (
     sghmc_noise_variance,
     thermostat_update,
 )
-from numpyro_sg.kernels.sghmc import sgnht_default_step_size
+from numpyro_sg.kernels.sgnht import sgnht_default_step_size
 
 KERNELS = {"SGHMC": nsg.SGHMC, "SGNHT": nsg.SGNHT}
 

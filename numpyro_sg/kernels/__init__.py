@@ -9,7 +9,8 @@ from numpyro_sg.kernels.esgld import ESGLD
 from numpyro_sg.kernels.step_size import polynomial_schedule
 from numpyro_sg.kernels.psgld import PSGLD
 from numpyro_sg.kernels.sgbd import SGBD
-from numpyro_sg.kernels.sghmc import SGHMC, SGNHT
+from numpyro_sg.kernels.sghmc import SGHMC
+from numpyro_sg.kernels.sgnht import SGNHT
 from numpyro_sg.kernels.sgld import SGLD
 from numpyro_sg.kernels.sparse_async import SparseAsync
 

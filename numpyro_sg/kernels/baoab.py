@@ -47,10 +47,14 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 import numpy as np
 from jax import random
+from jax.flatten_util import ravel_pytree
 
 from numpyro_sg.kernels.base import check_positive
-from numpyro_sg.kernels.gradient import GradientKernel, gradient_state
+from numpyro_sg.kernels.core import gradient_init, gradient_state, gradient_step
+from numpyro_sg.kernels.gradient import GradientKernel
 from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
+
+__all__ = ["BAOAB", "init", "step"]
 
 #: default ε = h² in the working frame of the Laplace preconditioner; with γ = 3 (c ≈ 0.17: near
 #: the high-friction limit, a Langevin step of h² = 0.35) as accurate as SGLD also on posteriors
@@ -66,7 +70,7 @@ def ou_coefficient(h, friction):
     return jnp.exp(-friction * h)
 
 
-def baoab_move(momentum, grad, h, h_prev, friction, temperature, noise):
+def baoab_update(momentum, grad, h, h_prev, friction, temperature, noise):
     r"""One BAOAB step of the working coordinates with a single gradient: returns ``(du, p')``.
 
     ``momentum`` p̃ is the momentum before its closing half-kick and ``grad`` ĝ the gradient
@@ -101,6 +105,44 @@ momentum of the BAOAB chain at ``z`` is ``momentum`` + (h/2)·ĝ), and ``kinetic
 its mean square over coordinates (≈ τ at equilibrium on a Gaussian target; gradient noise
 raises it).
 """)
+
+
+def baoab_hyperparameters(step_size, dim: int, *, friction=DEFAULT_FRICTION, temperature=1.0,
+                          default=None) -> BAOABHyper:
+    """The :class:`BAOABHyper` of ε (``default`` when ``None``), γ and τ."""
+    real = jnp.result_type(float)
+    return BAOABHyper(resolve_step_size(step_size, default, dim), jnp.asarray(friction, real),
+                      jnp.asarray(temperature, real))
+
+
+def baoab_fields(noise_sd, hyper, dim, dtype):
+    """BAOAB's own state fields at the start: no step taken (ε = 0: no half-kick owed), p̃ = 0."""
+    eps = step_size_at(hyper.step_size, 0, dtype)
+    return dict(step_size=jnp.zeros_like(eps), momentum=jnp.zeros((dim,), dtype),
+                kinetic_temperature=jnp.zeros((), dtype))
+
+
+def baoab_move(state, grad_w, noise_sd_w, step_size, key):
+    """BAOAB's move in the working frame (:func:`baoab_update`, h = √ε, h_prev from the last step)."""
+    h = state.hyper
+    noise = random.normal(key, grad_w.shape, grad_w.dtype)
+    du, p = baoab_update(state.momentum, grad_w, jnp.sqrt(step_size), jnp.sqrt(state.step_size),
+                         h.friction, h.temperature, noise)
+    return du, dict(momentum=p, kinetic_temperature=jnp.mean(p**2))
+
+
+def init(position, estimate, minibatch, step_size, *, friction=DEFAULT_FRICTION, temperature=1.0,
+         precond=None) -> BAOABState:
+    """BAOAB's state at ``position`` with ĝ = ``estimate(position, minibatch)``; ε = h² in the
+    units of ``precond`` (default: of ``position``)."""
+    dim = ravel_pytree(position)[0].shape[0]
+    hyper = baoab_hyperparameters(step_size, dim, friction=friction, temperature=temperature)
+    return gradient_init(BAOABState, position, estimate, minibatch, hyper, baoab_fields, precond)
+
+
+def step(rng_key, state, estimate, minibatch, *, noise_ema_weight=0.1) -> BAOABState:
+    """One BAOAB iteration (pure; :func:`~numpyro_sg.kernels.core.gradient_step` with :func:`baoab_move`)."""
+    return gradient_step(rng_key, state, estimate, minibatch, baoab_move, noise_ema_weight)
 
 
 class BAOAB(GradientKernel):
@@ -185,23 +227,11 @@ class BAOAB(GradientKernel):
         self.temperature = float(temperature)
         self.estimate_noise = bool(estimate_noise)
 
+    functional_step = staticmethod(step)
+
     def _hyperparameters(self, dim, precond):
-        real = jnp.result_type(float)
-        return BAOABHyper(
-            step_size=resolve_step_size(self.step_size, DEFAULT_STEP_SIZE, dim),
-            friction=jnp.asarray(self.friction, real),
-            temperature=jnp.asarray(self.temperature, real),
-        )
+        return baoab_hyperparameters(self.step_size, dim, friction=self.friction, temperature=self.temperature,
+                                     default=DEFAULT_STEP_SIZE)
 
     def _init_fields(self, noise_sd, hyper, dim, dtype):
-        eps = step_size_at(hyper.step_size, 0, dtype)
-        return dict(step_size=jnp.zeros_like(eps), momentum=jnp.zeros((dim,), dtype),
-                    kinetic_temperature=jnp.zeros((), dtype))
-
-    def _move(self, state, grad_w, noise_sd_w, key):
-        h = state.hyper
-        eps = step_size_at(h.step_size, state.i, grad_w.dtype)
-        noise = random.normal(key, grad_w.shape, grad_w.dtype)
-        du, p = baoab_move(state.momentum, grad_w, jnp.sqrt(eps), jnp.sqrt(state.step_size),
-                           h.friction, h.temperature, noise)
-        return du, dict(step_size=eps, momentum=p, kinetic_temperature=jnp.mean(p**2))
+        return baoab_fields(noise_sd, hyper, dim, dtype)

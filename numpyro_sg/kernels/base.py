@@ -22,7 +22,7 @@ package owns: :func:`numpyro_sg.check_convergence` and :func:`numpyro_sg.to_infe
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,10 +35,11 @@ from numpyro.util import is_prng_key
 from numpyro_sg.infer.fit_store import clear_store
 from numpyro_sg.infer.jit_data import is_data
 from numpyro_sg.infer.lapack_guard import map_over_draws
-from numpyro_sg.infer.minibatch import Minibatcher, full_data, with_indices
+from numpyro_sg.infer.minibatch import Minibatcher, full_data, jit_with_data, with_indices
 from numpyro_sg.infer.programs import placement_key
 from numpyro_sg.infer.run_clock import RunClock
 from numpyro_sg.infer.model_info import structure_only
+from numpyro_sg.infer.sharding import auto_view, check_not_parallel
 from numpyro_sg.kernels.data_cache import PerDataCache
 from numpyro_sg.kernels.guard import diverged_iterations
 from numpyro_sg.kernels.progress import ProgressText
@@ -65,11 +66,6 @@ def embedded_data_bytes(state, model_args, model_kwargs) -> int:
                if is_data(x) and not isinstance(x, jax.core.Tracer))
 
 
-def all_finite(x):
-    """True when every entry of ``x`` is finite."""
-    return jnp.all(jnp.isfinite(x))
-
-
 def split_init_key(rng_key):
     """``(batched, chain_key, init_key)``: a key, or a batch of keys (``chain_method=
     "vectorized"``), split into the chain's key and the key for the initial values."""
@@ -81,6 +77,23 @@ def split_init_key(rng_key):
         return True, keys[:, 0], keys[:, 1]
     rng_key, key_init = random.split(rng_key)
     return False, rng_key, key_init
+
+
+class ChainStart(NamedTuple):
+    """What a kernel family's plan gives :meth:`SGKernel.init` (its :meth:`SGKernel._plan_chains`).
+
+    ``init_one(chain_key, *args, model_args, model_kwargs)`` builds one chain's state;
+    ``chain_axes`` says, per entry of ``args``, whether it carries the chains' axis (0) or is
+    shared (``None``) when the chains are vectorised; ``program_key`` shares the compiled
+    program between runs (:func:`~numpyro_sg.infer.jit_data.jit_with_data`); ``view`` runs it
+    on the data's :func:`~numpyro_sg.infer.sharding.auto_view`.
+    """
+
+    init_one: Callable
+    args: tuple
+    chain_axes: tuple
+    program_key: Any = None
+    view: bool = False
 
 
 def search_trace_key(key_init, seed: int):
@@ -263,6 +276,32 @@ class SGKernel(ProgressText, MCMCKernel):
         for value in vars(self).values():
             if isinstance(value, PerDataCache):
                 value.clear()
+
+    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        """NumPyro's ``init``: the one initialisation path of every kernel.
+
+        Keep ``num_warmup``; refuse data placed for ``chain_method="parallel"``; split the
+        chains' keys; let the kernel family plan its chains (:meth:`_plan_chains`: the model
+        trace, the mini-batcher, the warmup or the structure search, every chain's start); then
+        build every chain's state in one compiled program, ``vmap``-ed over vectorised chains.
+        """
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        self._start_init(num_warmup, rng_key)
+        check_not_parallel(model_args, model_kwargs, isinstance(rng_key, jax.core.Tracer))
+        batched, rng_key, key_init = split_init_key(rng_key)
+        start = self._plan_chains(key_init, init_params, model_args, model_kwargs,
+                                  jnp.shape(rng_key)[0] if batched else None)
+        init_one = start.init_one
+        if batched:
+            init_one = jax.vmap(init_one, in_axes=(0,) + tuple(start.chain_axes) + (None, None))
+        data = auto_view(model_args, model_kwargs) if start.view else (model_args, model_kwargs)
+        state = jit_with_data(init_one, *data, key=start.program_key)(rng_key, *start.args)
+        self._sample_fn = self.sample
+        return state
+
+    def _plan_chains(self, key_init, init_params, model_args, model_kwargs, num_chains) -> ChainStart:  # pragma: no cover
+        """The family's part of :meth:`init` (``num_chains`` ``None`` for one chain)."""
+        raise NotImplementedError
 
     def _start_init(self, num_warmup, rng_key):
         """What every ``init`` does first: keep ``num_warmup`` and whether the chains are

@@ -21,11 +21,15 @@ exploration stages, which are not posterior draws.
 (320, 3)
 """
 
+from functools import partial
+
 import jax.numpy as jnp
 
-from numpyro_sg.kernels.gradient import gradient_state
-from numpyro_sg.kernels.sgld import SGLD
-from numpyro_sg.kernels.step_size import step_size_at
+from numpyro_sg.kernels.core import gradient_state, gradient_step
+from numpyro_sg.kernels.sgld import SGLD, sgld_fields, sgld_move
+from numpyro_sg.kernels.sgld import init as sgld_init
+
+__all__ = ["CyclicalSGLD", "init", "step"]
 
 CyclicalSGLDState = gradient_state("CyclicalSGLDState", ("exploring",), doc="""SGLD's state
 fields (``step_size`` the ε_t that produced ``z``) and ``exploring``, True after an exploration step.""")
@@ -38,12 +42,35 @@ def cycle_phase(t, cycle_length, exploration_steps):
     return 0.5 * (jnp.cos(jnp.pi * k / cycle_length) + 1.0), k < exploration_steps
 
 
+def cyclical_move(state, grad_w, noise_sd_w, step_size, key, *, cycle_length, exploration, **sgld_options):
+    """SGLD's move with ε_t = the cosine factor × ε₀ (``step_size``), and τ_t = 0 while exploring."""
+    factor, exploring = cycle_phase(state.i, cycle_length, round(exploration * cycle_length))
+    hyper = state.hyper._replace(temperature=jnp.where(exploring, 0.0, state.hyper.temperature))
+    du, _ = sgld_move(state._replace(hyper=hyper), grad_w, noise_sd_w, factor * step_size, key, **sgld_options)
+    return du, dict(step_size=factor * step_size, exploring=exploring)
+
+
+def init(position, estimate, minibatch, step_size, *, cycle_length=200, exploration=0.0, temperature=1.0,
+         precond=None):
+    """Cyclical SGLD's state at ``position``: SGLD's (:func:`numpyro_sg.kernels.sgld.init`), ε₀ = ``step_size``."""
+    state = sgld_init(position, estimate, minibatch, step_size, temperature=temperature, precond=precond)
+    return CyclicalSGLDState(**state._asdict(), exploring=jnp.asarray(round(exploration * cycle_length) > 0))
+
+
+def step(rng_key, state, estimate, minibatch, *, cycle_length=200, exploration=0.0, **sgld_options):
+    """One cyclical SGLD iteration (pure); ``sgld_options`` as :func:`numpyro_sg.kernels.sgld.step`'s."""
+    ema_weight = sgld_options.pop("noise_ema_weight", 0.1)
+    move = partial(cyclical_move, cycle_length=cycle_length, exploration=exploration, **sgld_options)
+    return gradient_step(rng_key, state, estimate, minibatch, move, ema_weight)
+
+
 class CyclicalSGLD(SGLD):
     """Cyclical SGLD (the module docstring has the update and an example): ``step_size`` ε₀
     the peak step (default SGLD's), ``cycle_length`` L iterations per cycle (warmup included),
     ``exploration`` β ∈ [0, 1); any other option of :class:`~numpyro_sg.SGLD`."""
 
     State = CyclicalSGLDState
+    functional_step = staticmethod(step)
 
     def __init__(self, model, step_size=None, *, cycle_length: int = 200, exploration: float = 0.0,
                  **kwargs):
@@ -55,22 +82,10 @@ class CyclicalSGLD(SGLD):
             raise ValueError("CyclicalSGLD sets its own schedule: step_size is the peak ε₀.")
         super().__init__(model, step_size, **kwargs)
         self.cycle_length, self.exploration = int(cycle_length), float(exploration)
-        self.exploration_steps = round(self.exploration * self.cycle_length)
 
-    def _at(self, state, t):
-        factor, exploring = cycle_phase(t, self.cycle_length, self.exploration_steps)
-        return factor * step_size_at(state.hyper.step_size, t), exploring
+    def step_options(self):
+        return super().step_options() | dict(cycle_length=self.cycle_length, exploration=self.exploration)
 
     def _init_fields(self, noise_sd, hyper, dim, dtype):
-        return dict(step_size=step_size_at(hyper.step_size, 0, dtype),
-                    exploring=jnp.asarray(self.exploration_steps > 0))
-
-    def _refresh(self, state):
-        return state._replace(step_size=self._at(state, state.i)[0])
-
-    def _move(self, state, grad_w, noise_sd_w, key):
-        eps, exploring = self._at(state, state.i)
-        temperature = jnp.where(exploring, 0.0, state.hyper.temperature)
-        hyper = state.hyper._replace(step_size=eps, temperature=temperature)
-        du, fields = super()._move(state._replace(hyper=hyper), grad_w, noise_sd_w, key)
-        return du, dict(fields, exploring=exploring)
+        return sgld_fields(noise_sd, hyper, dim, dtype) | dict(
+            exploring=jnp.asarray(round(self.exploration * self.cycle_length) > 0))

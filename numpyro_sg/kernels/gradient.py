@@ -1,27 +1,28 @@
-"""The layer every gradient-based kernel (SGLD, SGBD, SGHMC, SGNHT, pSGLD, BAOAB) shares.
+"""The NumPyro shell of every gradient-based kernel (SGLD, SGBD, SGHMC, SGNHT, pSGLD, BAOAB).
 
-:class:`GradientKernel` does what these kernels do the same way:
+The update itself is the kernel module's functional ``step``, built on
+:func:`~numpyro_sg.kernels.core.gradient_step` (move, gradient estimate, guard).
+:class:`GradientKernel` builds what that step takes from the NumPyro model, the same way for
+every kernel:
 
 * **one model trace** at ``init`` (:func:`numpyro_sg.infer.model_info.trace_model`) read by
   plate discovery, data checks and deterministic-site detection;
-* the **warmup** (:mod:`numpyro_sg.infer.warmup`): mode, Laplace preconditioner, control-variate anchor;
-* the **gradient estimate** at the new point on the next mini-batch, evaluated within the same
-  iteration and kept in the state (plain or control-variate, with the gradient-noise sd τ̂ in
-  the preconditioner's working frame when the kernel needs it);
-* **divergence**: :func:`numpyro_sg.kernels.guard.guarded_update` freezes a chain whose state,
-  log density or gradient becomes non-finite or explodes, and flags it ``diverging``.
+* the **warmup** (:mod:`numpyro_sg.infer.warmup`): mode, Laplace preconditioner, control-variate anchor,
+  and the chains' starts; the preconditioner's adaptation (``"adapt"``) between steps;
+* the **gradient estimator** (:meth:`GradientKernel.gradient_estimator`: plain or
+  control-variate, with the gradient-noise sd τ̂ in the preconditioner's working frame when
+  the kernel needs it) and the mini-batch of each iteration;
+* NumPyro's ``MCMCKernel`` contract, through :class:`~numpyro_sg.kernels.base.SGKernel`.
 
-A kernel supplies only its move in the working frame of the preconditioner (θ = θ₀ + L·u):
-``_move(state, grad_w, noise_sd_w, key) -> (du, fields)``, its hyperparameters
-(``_hyperparameters``) and its extra state fields (``_init_fields``); see
+A kernel supplies its ``State`` (:func:`~numpyro_sg.kernels.core.gradient_state`), its
+hyperparameters (``_hyperparameters``), its own state fields at the start (``_init_fields``),
+its functional step (``functional_step``) and that step's options (``step_options``); see
 :mod:`numpyro_sg.kernels.cyclical` for a complete kernel in a few lines.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any, NamedTuple
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,45 +32,30 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import is_prng_key
 
 from numpyro_sg.diagnostics.convergence import ConvergenceWarning
-from numpyro_sg.infer.minibatch import Anchor, jit_with_data, subsample_plates
+from numpyro_sg.infer.minibatch import Anchor, subsample_plates
 from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.infer.sharded_minibatch import is_sharded, make_minibatcher
-from numpyro_sg.infer.sharding import auto_view, check_not_parallel, eager_under_trace
-from numpyro_sg.infer.preconditioner import (Preconditioner, adapted_preconditioner, from_working, init_moments,
-                                             laplace_draw, to_working, update_moments)
+from numpyro_sg.infer.sharding import auto_view, eager_under_trace
+from numpyro_sg.infer.preconditioner import (Preconditioner, adapted_preconditioner, init_moments, laplace_draw,
+                                             update_moments)
 from numpyro_sg.infer.progress import warmup_progress
 from numpyro_sg.infer.warmup import ModeFit, WarmupOptions, find_mode
 from numpyro_sg.infer.programs import tree_signature
-from numpyro_sg.kernels.base import SGKernel, all_finite, check_choice, search_trace_key, split_init_key
+from numpyro_sg.kernels.base import ChainStart, SGKernel, check_choice, search_trace_key
+from numpyro_sg.kernels.core import gradient_init
 from numpyro_sg.kernels.data_cache import PerDataCache
-from numpyro_sg.kernels.guard import freeze, guarded_update, init_guard, rms
-from numpyro_sg.kernels.moves import ema
+from numpyro_sg.kernels.step_size import step_size_at
 from numpyro_sg.locals.fitting import anchor_gradient, log_marginal_batcher
 from numpyro_sg.locals.model import integrate_locals
 from numpyro_sg.kernels.report import chain_moments, frozen_chains, frozen_report, misfit_report
 
-__all__ = ["GradientKernel", "gradient_state"]
+__all__ = ["GradientKernel"]
 
 
 #: accepted string values of ``preconditioner`` (an array is accepted too)
 PRECONDITIONERS = ("laplace", "adapt", None)
 #: accepted values of ``gradient``
 GRADIENTS = ("cv", "plain")
-
-#: the state fields of every gradient kernel; a kernel adds its own (:func:`gradient_state`)
-GRADIENT_STATE_FIELDS = ("i", "z", "log_density_grad", "grad_noise_sd", "step_size", "hyper", "precond",
-                         "anchor", "moments", "guard", "diverging", "batch_state", "rng_key")
-
-
-def gradient_state(name: str, extra: tuple = (), doc: str = ""):
-    """A state ``NamedTuple`` class with :data:`GRADIENT_STATE_FIELDS` and the kernel's ``extra``
-    fields (inserted after ``step_size``)."""
-    at = GRADIENT_STATE_FIELDS.index("step_size") + 1
-    fields = GRADIENT_STATE_FIELDS[:at] + tuple(extra) + GRADIENT_STATE_FIELDS[at:]
-    cls = NamedTuple(name, [(f, Any) for f in fields])
-    cls.__doc__ = doc
-    return cls
-
 
 class GradientKernel(SGKernel):
     """Shell of the gradient-based kernels (SGLD, SGBD, SGHMC, SGNHT, pSGLD, BAOAB; see the module
@@ -198,11 +184,11 @@ class GradientKernel(SGKernel):
         anchor = Anchor(fit.mode, fit.grad) if self.gradient == "cv" else None
         return precond, anchor
 
-    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
-        model_kwargs = {} if model_kwargs is None else model_kwargs
-        self._start_init(num_warmup, rng_key)
+    def _plan_chains(self, key_init, init_params, model_args, model_kwargs, num_chains) -> ChainStart:
+        """The gradient kernels' part of :meth:`~numpyro_sg.kernels.base.SGKernel.init`: the plan
+        (:meth:`_plan`), the geometry and hyperparameters, and each chain's start — the given
+        values, or a draw of the Laplace approximation at the mode, made in the program."""
         self._set_adaptation_schedule()
-        batched, rng_key, key_init = split_init_key(rng_key)
         info, fit = self._plan(key_init, init_params, model_args, model_kwargs)
         dtype = jnp.result_type(float)
         dim = sum(np.size(v) for v in jax.tree.leaves(info.unconstrained_example()))
@@ -210,26 +196,21 @@ class GradientKernel(SGKernel):
         hyper = self._hyperparameters(dim, precond)
         if init_params is None and (self._init_strategy is not None or fit is None):
             init_params = info.init_values
-        # no initial values: each chain starts at a draw of the Laplace approximation, in the program
         laplace, jitter = init_params is None, self.warmup_options.jitter
         start = (fit.mode, fit.preconditioner) if laplace else init_params
 
-        def init_one(start, key, geometry, model_args, model_kwargs):
+        def init_one(key, start, geometry, model_args, model_kwargs):
             flat = laplace_draw(*start, key, jitter) if laplace else ravel_pytree(start)[0].astype(dtype)
             return self._initial_state(flat, key, *geometry, model_args, model_kwargs)
 
-        if batched:
-            init_one = jax.vmap(init_one, in_axes=(None if laplace else 0, 0, None, None, None))
-        key = self._program_key("init", batched, laplace, str(dtype), tree_signature(info.unconstrained_example()),
-                                jitter, arguments=("step_size",))  # (in hyper: one program for any step size)
-        state = jit_with_data(init_one, model_args, model_kwargs, key=key)(start, rng_key, (hyper, precond, anchor))
-        self._sample_fn = self.sample
-        return state
+        key = self._program_key("init", num_chains is not None, laplace, str(dtype),
+                                tree_signature(info.unconstrained_example()), jitter,
+                                arguments=("step_size",))  # (in hyper: one program for any step size)
+        return ChainStart(init_one, (start, (hyper, precond, anchor)), (None if laplace else 0, None), key)
 
     def _plan(self, key_init, init_params, model_args, model_kwargs):
         """Trace the model once, find its subsample plates, build the mini-batcher and run the
         warmup's mode search when needed: ``(model info, ModeFit or None)``."""
-        check_not_parallel(model_args, model_kwargs, isinstance(key_init, jax.core.Tracer))
         with warmup_progress(self.warmup_options) as bar:
             return self._plan_steps(bar, key_init, init_params, model_args, model_kwargs)
 
@@ -264,27 +245,16 @@ class GradientKernel(SGKernel):
             return info, self._fits.get(model_args, model_kwargs, lambda: self._search_mode(info, model_args, model_kwargs))
 
     def _initial_state(self, flat, key, hyper, precond, anchor, model_args, model_kwargs):
-        """One chain's state at the flat point ``flat``, with ĝ on its first mini-batch."""
-        dim, dtype = flat.shape[0], flat.dtype
+        """One chain's state at the flat point ``flat``: the functional core's
+        (:func:`~numpyro_sg.kernels.core.gradient_init`, ĝ on the chain's first mini-batch) with
+        the shell's fields (anchor, moments, mini-batch state, key)."""
         key, key_batch, key_idx = random.split(key, 3)
         batch_state = self._mb.init_batch_state(key_batch)
         indices, batch_state = self._mb.draw(key_idx, batch_state)
-        est = self._estimate(flat, indices, anchor, precond, model_args, model_kwargs)
-        return self.State(
-            i=jnp.int32(0),
-            z=self._unravel(flat),
-            log_density_grad=est.grad,
-            grad_noise_sd=est.noise_sd,
-            hyper=hyper,
-            precond=precond,
-            anchor=anchor,
-            moments=init_moments(dim, precond.kind == "dense", dtype),
-            guard=init_guard(flat, rms(to_working(precond, est.grad))),
-            diverging=jnp.array(False),
-            batch_state=batch_state,
-            rng_key=key,
-            **self._init_fields(est.noise_sd, hyper, dim, dtype),
-        )
+        estimate = self._estimator(anchor, precond, model_args, model_kwargs)
+        state = gradient_init(self.State, self._unravel(flat), estimate, indices, hyper, self._init_fields, precond)
+        return state._replace(anchor=anchor, moments=init_moments(flat.shape[0], precond.kind == "dense", flat.dtype),
+                              batch_state=batch_state, rng_key=key)
 
     def postprocess_fn(self, model_args, model_kwargs):
         """As :meth:`SGKernel.postprocess_fn`; on data split over a mesh, shard-locally
@@ -351,50 +321,51 @@ class GradientKernel(SGKernel):
         return misfit_report(fit, counts, means, m2s, (self.MISFIT_OFFSET, self.MISFIT_EIGENVALUES))
 
     # -- one iteration ----------------------------------------------------------------------
-    def _estimate(self, flat, indices, anchor, precond, model_args, model_kwargs):
-        """Gradient estimate (value, ĝ, τ̂ in the working frame) at ``flat`` on ``indices``."""
-        return self._mb.estimate_at(
-            self._unravel, flat, indices, anchor=anchor, noise=self.estimate_noise,
-            precond=precond, groups=self.noise_groups, model_args=model_args, model_kwargs=model_kwargs,
-        )
+    def _estimator(self, anchor, precond, model_args, model_kwargs):
+        def estimate(z, indices):
+            return self._mb.estimate_at(
+                self._unravel, ravel_pytree(z)[0], indices, anchor=anchor, noise=self.estimate_noise, precond=precond,
+                groups=self.noise_groups, model_args=model_args, model_kwargs=model_kwargs)
+        return estimate
+
+    def gradient_estimator(self, state, model_args=(), model_kwargs=None):
+        """``estimate(z, indices) -> GradientEstimate``: the stochastic gradient of the model's log
+        density that :meth:`step` gives the functional step — at ``z`` (a dict of unconstrained
+        values), on the mini-batch ``indices`` (``{plate name: index array}``, e.g. from
+        ``kernel.minibatcher.draw``), with one chain's ``state``'s control-variate anchor and
+        working frame (τ̂ in it).  Known after ``init``; ``value`` is the mini-batch log density
+        estimate and ``grad`` ĝ (flat: ``kernel.unravel(grad)`` is the dict)."""
+        return self._estimator(state.anchor, state.precond, model_args, {} if model_kwargs is None else model_kwargs)
 
     def step(self, state, model_args, model_kwargs):
-        """One iteration of one chain (pure): move in the working frame, then evaluate ĝ (and
-        τ̂) at the new point on the next mini-batch; freeze the chain on a blow-up."""
+        """One iteration of one chain (pure): the kernel's functional ``step``
+        (:func:`~numpyro_sg.kernels.core.gradient_step`) with the model's gradient estimator
+        on the next mini-batch; then the warmup's moments."""
         key, key_batch, key_move = random.split(state.rng_key, 3)
-        flat = ravel_pytree(state.z)[0]
-        P = state.precond
-        du, fields = self._move(state, to_working(P, state.log_density_grad), state.grad_noise_sd, key_move)
-        new_flat = flat + from_working(P, du)
         indices, batch_state = self._mb.draw(key_batch, state.batch_state)
-        est = self._estimate(new_flat, indices, state.anchor, P, model_args, model_kwargs)
-        tau = ema(state.grad_noise_sd, est.noise_sd, self.noise_ema_weight)
-        finite = all_finite(new_flat) & jnp.isfinite(est.value) & all_finite(est.grad)
-        kept = guarded_update(state.guard, state.diverging, flat, new_flat,
-                              rms(to_working(P, est.grad)), finite)
-        diverging, z_flat = kept.diverging, kept.flat
-        return state._replace(
-            i=state.i + 1,
-            moments=update_moments(state.moments, z_flat, state.i >= self._moments_from),
-            z=self._unravel(z_flat),
-            log_density_grad=freeze(diverging, state.log_density_grad, est.grad),
-            grad_noise_sd=freeze(diverging, state.grad_noise_sd, tau),
-            guard=kept.guard,
-            diverging=diverging,
-            batch_state=batch_state,
-            rng_key=key,
-            **fields,
-        )
+        estimate = self.gradient_estimator(state, model_args, model_kwargs)
+        new = self.functional_step(key_move, state, estimate, indices, **self.step_options())
+        collect = state.i >= self._moments_from
+        return new._replace(moments=update_moments(state.moments, ravel_pytree(new.z)[0], collect),
+                            batch_state=batch_state, rng_key=key)
 
-    # -- hooks for subclasses ---------------------------------------------------------------
+    def _refresh(self, state):
+        """ε at the state's iteration after ``replace_hyperparameters``, in the shape it is held."""
+        eps = step_size_at(state.hyper.step_size, state.i, state.step_size.dtype)
+        return state._replace(step_size=jnp.broadcast_to(eps, jnp.shape(state.step_size)))
+
+    # -- what a kernel supplies -------------------------------------------------------------
+    #: the kernel's functional step: its module's ``step(rng_key, state, estimate, minibatch, **options)``
+    functional_step = None
+
+    def step_options(self) -> dict:
+        """The keyword options of :attr:`functional_step` (the kernel's settings)."""
+        return dict(noise_ema_weight=self.noise_ema_weight)
+
     def _hyperparameters(self, dim, precond):  # pragma: no cover - abstract
         """The kernel's hyperparameter NamedTuple (validated against the dimension)."""
         raise NotImplementedError
 
     def _init_fields(self, noise_sd, hyper, dim, dtype):  # pragma: no cover - abstract
         """Kernel-specific state fields at the initial point."""
-        raise NotImplementedError
-
-    def _move(self, state, grad_w, noise_sd_w, key):  # pragma: no cover - abstract
-        """Increment du of the working coordinates, and the kernel's updated state fields."""
         raise NotImplementedError

@@ -26,7 +26,7 @@ import numpy as np
 
 from numpyro_sg.kernels.moves import ema
 
-__all__ = ["init_guard", "guarded_update"]
+__all__ = ["init_guard", "guarded_update", "all_finite"]
 
 
 # -------------------------------------------------------------------------------------------
@@ -124,6 +124,11 @@ def guarded_update(guard: DivergenceGuard, diverging, flat, new_flat, grad_norm,
     guard = guard._replace(diverged_at=jnp.where(now & ~diverging, guard.count, guard.diverged_at))
     frozen_at = jnp.where(diverging, flat, guard.safe)
     return GuardedPoint(jnp.where(now, frozen_at, new_flat), now, guard)
+
+
+def all_finite(x):
+    """True when every entry of ``x`` is finite."""
+    return jnp.all(jnp.isfinite(x))
 
 
 def rms(x):

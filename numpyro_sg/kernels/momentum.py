@@ -3,7 +3,7 @@ r"""The momentum layer of SGHMC (Chen, Fox & Guestrin 2014) and SGNHT (Ding et a
 References: T. Chen, E. Fox and C. Guestrin (2014), "Stochastic gradient Hamiltonian Monte
 Carlo", ICML; N. Ding, Y. Fang, R. Babbush, C. Chen, R. Skeel and H. Neven (2014), "Bayesian
 sampling using stochastic gradient thermostats", NeurIPS.  The kernels themselves are
-:class:`numpyro_sg.kernels.sghmc.SGHMC` and :class:`numpyro_sg.kernels.sghmc.SGNHT`.
+:class:`numpyro_sg.kernels.sghmc.SGHMC` and :class:`numpyro_sg.kernels.sgnht.SGNHT`.
 
 Both keep a momentum v beside the working coordinates u of the preconditioner
 (θ = θ₀ + L·u, :mod:`numpyro_sg.infer.preconditioner`; v is in the units of u, a displacement per
@@ -74,11 +74,9 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
-from jax import random
 
 from numpyro_sg.kernels.base import check_positive
 from numpyro_sg.kernels.gradient import GradientKernel
-from numpyro_sg.kernels.guard import freeze
 from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
 
 # -------------------------------------------------------------------------------------------
@@ -159,14 +157,26 @@ class MomentumHyper(NamedTuple):
     temperature: Any
 
 
+def momentum_hyperparameters(step_size, friction, temperature, dim: int, default=None) -> MomentumHyper:
+    """The :class:`MomentumHyper` of ε (``default`` when ``None``), the friction and τ."""
+    dtype = jnp.result_type(float)
+    return MomentumHyper(resolve_step_size(step_size, default, dim), jnp.asarray(friction, dtype),
+                         jnp.asarray(temperature, dtype))
+
+
+def momentum_fields(noise_sd, hyper, dim, dtype):
+    """The momentum kernels' own state fields at the start: ε, a zero momentum and its norm."""
+    return dict(step_size=step_size_at(hyper.step_size, 0, dtype),
+                momentum=jnp.zeros((dim,), dtype), momentum_norm=jnp.zeros((), dtype))
+
+
 class MomentumKernel(GradientKernel):
-    """Shell shared by :class:`SGHMC` and :class:`SGNHT` (not used directly): argument checks,
-    the hyperparameters, a zero initial momentum, and momentum fields frozen with the chain
-    on a divergence (and reset when ``preconditioner="adapt"`` changes the working frame)."""
+    """Shell shared by :class:`~numpyro_sg.kernels.sghmc.SGHMC` and
+    :class:`~numpyro_sg.kernels.sgnht.SGNHT` (not used directly): argument checks, the
+    hyperparameters, a zero initial momentum, reset when ``preconditioner="adapt"`` changes the
+    working frame."""
 
     HYPERPARAMETERS = ("step_size", "friction", "temperature")
-    #: state fields frozen with the chain when it diverges
-    FROZEN_FIELDS = ("momentum", "momentum_norm")
     #: the subclass's default ε and friction
     DEFAULT_STEP_SIZE: float = None
     DEFAULT_FRICTION: float = None
@@ -187,20 +197,14 @@ class MomentumKernel(GradientKernel):
             correct_discretisation = isinstance(self.preconditioner, str)
         self.correct_discretisation = bool(correct_discretisation)
 
+    def step_options(self):
+        return super().step_options() | dict(correct_discretisation=self.correct_discretisation)
+
     def _hyperparameters(self, dim, precond):
-        dtype = jnp.result_type(float)
-        return MomentumHyper(
-            step_size=resolve_step_size(self.step_size, self.DEFAULT_STEP_SIZE, dim),
-            friction=jnp.asarray(self.friction, dtype),
-            temperature=jnp.asarray(self.temperature, dtype),
-        )
+        return momentum_hyperparameters(self.step_size, self.friction, self.temperature, dim, self.DEFAULT_STEP_SIZE)
 
     def _init_fields(self, noise_sd, hyper, dim, dtype):
-        return dict(step_size=step_size_at(hyper.step_size, 0, dtype),
-                    momentum=jnp.zeros((dim,), dtype), momentum_norm=jnp.zeros((), dtype))
-
-    def _refresh(self, state):
-        return state._replace(step_size=step_size_at(state.hyper.step_size, state.i))
+        return momentum_fields(noise_sd, hyper, dim, dtype)
 
     def _between_steps(self, state):
         new = super()._between_steps(state)
@@ -209,14 +213,3 @@ class MomentumKernel(GradientKernel):
         i0 = state.i if jnp.ndim(state.i) == 0 else state.i[0]
         refit = jnp.isin(i0, jnp.asarray(self._adapt_at))  # the working frame changed
         return new._replace(momentum=jnp.where(refit, 0.0, new.momentum))
-
-    def step(self, state, model_args, model_kwargs):
-        """One iteration of one chain (:meth:`GradientKernel.step`), the momentum fields kept at
-        their last values once the chain has diverged (the chain itself is frozen)."""
-        new = super().step(state, model_args, model_kwargs)
-        old = {f: getattr(state, f) for f in self.FROZEN_FIELDS}
-        now = {f: getattr(new, f) for f in self.FROZEN_FIELDS}
-        return new._replace(**freeze(new.diverging, old, now))
-
-    def _noise(self, key, grad_w):
-        return random.normal(key, grad_w.shape, grad_w.dtype)

@@ -44,6 +44,7 @@ make the first steps about 10/|ĝ| times too large.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -53,11 +54,14 @@ from jax import random
 from jax.flatten_util import ravel_pytree
 
 from numpyro_sg.kernels.base import check_positive
-from numpyro_sg.kernels.gradient import GradientKernel, gradient_state
+from numpyro_sg.kernels.core import gradient_init, gradient_state, gradient_step
+from numpyro_sg.kernels.gradient import GradientKernel
 from numpyro_sg.kernels.moves import ema, langevin_move, langevin_noise_variance
 from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
 from numpyro_sg.infer.curvature import hutchinson_diagonal
 from numpyro_sg.infer.preconditioner import from_working, to_working
+
+__all__ = ["PSGLD", "init", "step"]
 
 #: default ε in the working frame of the Laplace preconditioner (docs/kernels.md, "pSGLD")
 DEFAULT_STEP_SIZE = 0.8
@@ -122,6 +126,51 @@ coordinates of G = 1/(λ + √V) used by the last move (the effective step is ε
 ``curvature`` the Hutchinson estimate of ∂ĝ_j/∂u_j at ``z`` used by Γ (NaN without
 ``correction``).
 """)
+
+
+def psgld_hyperparameters(step_size, dim: int, *, alpha=0.99, damping=1e-5, temperature=1.0,
+                          default=None) -> PSGLDHyper:
+    """The :class:`PSGLDHyper` of ε (``default`` when ``None``), α, λ and τ."""
+    real = jnp.result_type(float)
+    return PSGLDHyper(resolve_step_size(step_size, default, dim), jnp.asarray(temperature, real),
+                      jnp.asarray(alpha, real), jnp.asarray(damping, real))
+
+
+def psgld_fields(noise_sd, hyper, dim, dtype, rms_init=0.0):
+    """pSGLD's own state fields at the start: ε, V = ``rms_init``, mean G, no curvature."""
+    rms = jnp.full((dim,), rms_init, dtype)
+    return dict(step_size=step_size_at(hyper.step_size, 0, dtype), rms=rms,
+                rms_scale=jnp.mean(rmsprop_preconditioner(rms, hyper.damping)).astype(dtype),
+                curvature=jnp.full((dim,), jnp.nan, dtype))
+
+
+def psgld_move(state, grad_w, noise_sd_w, step_size, key, *, correction=False, correct_discretisation=False):
+    """pSGLD's move in the working frame (:func:`psgld_update`); Γ from ``state.curvature`` with ``correction``."""
+    h = state.hyper
+    noise = random.normal(key, grad_w.shape, grad_w.dtype)
+    du, rms, G = psgld_update(grad_w, state.rms, step_size, noise, alpha=h.alpha, damping=h.damping,
+                              temperature=h.temperature, curvature=state.curvature if correction else None,
+                              correct_discretisation=correct_discretisation)
+    return du, dict(rms=rms, rms_scale=jnp.mean(G), curvature=state.curvature)
+
+
+def init(position, estimate, minibatch, step_size, *, alpha=0.99, damping=1e-5, rms_init=0.0, temperature=1.0,
+         precond=None) -> PSGLDState:
+    """pSGLD's state at ``position`` with ĝ = ``estimate(position, minibatch)``; ε in the units of
+    ``precond`` (default: of ``position``), V starting at ``rms_init`` (Li et al.: 0)."""
+    dim = ravel_pytree(position)[0].shape[0]
+    hyper = psgld_hyperparameters(step_size, dim, alpha=alpha, damping=damping, temperature=temperature)
+    return gradient_init(PSGLDState, position, estimate, minibatch, hyper,
+                         partial(psgld_fields, rms_init=rms_init), precond)
+
+
+def step(rng_key, state, estimate, minibatch, *, correction=False, correct_discretisation=False,
+         noise_ema_weight=0.1) -> PSGLDState:
+    """One pSGLD iteration (pure; :func:`~numpyro_sg.kernels.core.gradient_step` with
+    :func:`psgld_move`).  With ``correction`` set ``state.curvature`` (h = ∂ĝ_j/∂u_j at
+    ``state.z``) before each step, as :meth:`PSGLD.step` does."""
+    move = partial(psgld_move, correction=correction, correct_discretisation=correct_discretisation)
+    return gradient_step(rng_key, state, estimate, minibatch, move, noise_ema_weight)
 
 
 class PSGLD(GradientKernel):
@@ -221,26 +270,18 @@ class PSGLD(GradientKernel):
             correct_discretisation = laplace
         self.correct_discretisation = bool(correct_discretisation)
 
+    functional_step = staticmethod(step)
+
+    def step_options(self):
+        return super().step_options() | dict(correction=self.correction,
+                                              correct_discretisation=self.correct_discretisation)
+
     def _hyperparameters(self, dim, precond):
-        real = jnp.result_type(float)
-        return PSGLDHyper(
-            step_size=resolve_step_size(self.step_size, DEFAULT_STEP_SIZE, dim),
-            temperature=jnp.asarray(self.temperature, real),
-            alpha=jnp.asarray(self.alpha, real),
-            damping=jnp.asarray(self.damping, real),
-        )
+        return psgld_hyperparameters(self.step_size, dim, alpha=self.alpha, damping=self.damping,
+                                     temperature=self.temperature, default=DEFAULT_STEP_SIZE)
 
     def _init_fields(self, noise_sd, hyper, dim, dtype):
-        rms = jnp.full((dim,), self.rms_init, dtype)
-        return dict(
-            step_size=step_size_at(hyper.step_size, 0, dtype),
-            rms=rms,
-            rms_scale=jnp.mean(rmsprop_preconditioner(rms, hyper.damping)).astype(dtype),
-            curvature=jnp.full((dim,), jnp.nan, dtype),
-        )
-
-    def _refresh(self, state):
-        return state._replace(step_size=step_size_at(state.hyper.step_size, state.i))
+        return psgld_fields(noise_sd, hyper, dim, dtype, self.rms_init)
 
     def step(self, state, model_args, model_kwargs):
         """One iteration of one chain (pure); with ``correction`` the diagonal curvature at the
@@ -267,14 +308,3 @@ class PSGLD(GradientKernel):
 
         probe = random.rademacher(key_probe, flat.shape, flat.dtype)
         return hutchinson_diagonal(hvp, probe)
-
-    def _move(self, state, grad_w, noise_sd_w, key):
-        h = state.hyper
-        eps = step_size_at(h.step_size, state.i, grad_w.dtype)
-        noise = random.normal(key, grad_w.shape, grad_w.dtype)
-        du, rms, G = psgld_update(
-            grad_w, state.rms, eps, noise, alpha=h.alpha, damping=h.damping,
-            temperature=h.temperature, curvature=state.curvature if self.correction else None,
-            correct_discretisation=self.correct_discretisation,
-        )
-        return du, dict(step_size=eps, rms=rms, rms_scale=jnp.mean(G), curvature=state.curvature)

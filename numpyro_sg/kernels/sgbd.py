@@ -29,6 +29,7 @@ logits by c = 1 + σ²/4 (:func:`discretisation_logit_scale`).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -37,7 +38,10 @@ import numpy as np
 from jax import random
 
 from numpyro_sg.kernels.base import check_choice
-from numpyro_sg.kernels.gradient import GradientKernel, gradient_state
+from numpyro_sg.kernels.core import gradient_init, gradient_state, gradient_step
+from numpyro_sg.kernels.gradient import GradientKernel
+
+__all__ = ["SGBD", "init", "step"]
 
 #: default σ in the working frame of the Laplace preconditioner (see docs/warmup.md)
 DEFAULT_STEP_SIZE = 0.8
@@ -125,6 +129,46 @@ coordinate (flat; adapted when ``adapt_step_size``), ``hyper`` the :class:`SGBDH
 ``frac_past_breaking_point`` the fraction of coordinates whose increment had abs(z_j)·τ̂_j ≥
 1.702 at this iteration (NaN without τ̂).
 """)
+
+
+def sgbd_move(state, grad_w, noise_sd_w, step_size, key, *, variant="corrected", adapt_until=None,
+              correct_discretisation=False):
+    """SGBD's move in the working frame (the module docstring's three steps); with ``adapt_until``
+    (an iteration, ``inf`` for always) σ_j = 1.702/(1.233·τ̂_j) before that iteration, the
+    last σ after it."""
+    if adapt_until is None:
+        sigma = jnp.broadcast_to(step_size, grad_w.shape)
+    else:
+        sigma = jnp.where(state.i < adapt_until, adapted_step_size(noise_sd_w, state.step_size), state.step_size)
+    scale = discretisation_logit_scale(sigma) if correct_discretisation else 1.0
+    du, z, _ = sgbd_update(key, jnp.zeros_like(grad_w), grad_w, sigma, noise_sd_w, variant, scale)
+    frac = jnp.mean(past_breaking_point(z, noise_sd_w).astype(grad_w.dtype))
+    frac = jnp.where(jnp.any(jnp.isnan(noise_sd_w)), jnp.nan, frac)  # NaN: τ̂ not estimated
+    return du, dict(step_size=sigma, frac_past_breaking_point=frac)
+
+
+def sgbd_fields(noise_sd, hyper, dim, dtype, adapt=False):
+    """SGBD's own state fields at the start: σ per coordinate (adapted to τ̂ with ``adapt``)."""
+    sigma = jnp.broadcast_to(hyper.step_size, (dim,)).astype(dtype)
+    if adapt:
+        sigma = adapted_step_size(noise_sd, sigma)
+    return dict(step_size=sigma, frac_past_breaking_point=jnp.asarray(jnp.nan, dtype))
+
+
+def init(position, estimate, minibatch, step_size, *, adapt_step_size=False, precond=None) -> SGBDState:
+    """SGBD's state at ``position`` with ĝ = ``estimate(position, minibatch)``: σ = ``step_size``
+    (a scalar or one entry per coordinate) in the units of ``precond`` (default: of ``position``)."""
+    hyper = SGBDHyper(jnp.asarray(step_size, jnp.result_type(float)))
+    fields = partial(sgbd_fields, adapt=bool(adapt_step_size))
+    return gradient_init(SGBDState, position, estimate, minibatch, hyper, fields, precond)
+
+
+def step(rng_key, state, estimate, minibatch, *, variant="corrected", adapt_until=None,
+         correct_discretisation=False, noise_ema_weight=0.1) -> SGBDState:
+    """One SGBD iteration (pure; :func:`~numpyro_sg.kernels.core.gradient_step` with
+    :func:`sgbd_move`).  The corrected variant and adaptation need τ̂ from the estimator."""
+    move = partial(sgbd_move, variant=variant, adapt_until=adapt_until, correct_discretisation=correct_discretisation)
+    return gradient_step(rng_key, state, estimate, minibatch, move, noise_ema_weight)
 
 
 class SGBD(GradientKernel):
@@ -215,6 +259,13 @@ class SGBD(GradientKernel):
             correct_discretisation = isinstance(self.preconditioner, str)
         self.correct_discretisation = bool(correct_discretisation)
 
+    functional_step = staticmethod(step)
+
+    def step_options(self):
+        until = {False: None, True: self._num_warmup, "always": float("inf")}[self.adapt_step_size]
+        return super().step_options() | dict(variant=self.variant, adapt_until=until,
+                                              correct_discretisation=self.correct_discretisation)
+
     def _hyperparameters(self, dim, precond):
         sigma = jnp.asarray(DEFAULT_STEP_SIZE if self.step_size is None else self.step_size,
                             jnp.result_type(float))
@@ -225,25 +276,4 @@ class SGBD(GradientKernel):
         return SGBDHyper(step_size=sigma)
 
     def _init_fields(self, noise_sd, hyper, dim, dtype):
-        sigma = jnp.broadcast_to(hyper.step_size, (dim,)).astype(dtype)
-        if self.adapt_step_size:
-            sigma = adapted_step_size(noise_sd, sigma)
-        return dict(step_size=sigma, frac_past_breaking_point=jnp.asarray(jnp.nan, dtype))
-
-    def _refresh(self, state):
-        return state._replace(step_size=jnp.broadcast_to(state.hyper.step_size, state.step_size.shape))
-
-    def _move(self, state, grad_w, noise_sd_w, key):
-        sigma = state.step_size
-        if self.adapt_step_size:
-            adapted = adapted_step_size(noise_sd_w, sigma)
-            if self.adapt_step_size is True:  # warmup only
-                adapted = jnp.where(state.i < self._num_warmup, adapted, sigma)
-            sigma = adapted
-        scale = discretisation_logit_scale(sigma) if self.correct_discretisation else 1.0
-        du, z, _ = sgbd_update(key, jnp.zeros_like(grad_w), grad_w, sigma, noise_sd_w, self.variant, scale)
-        if self.estimate_noise:
-            frac = jnp.mean(past_breaking_point(z, noise_sd_w).astype(grad_w.dtype))
-        else:
-            frac = jnp.asarray(jnp.nan, grad_w.dtype)
-        return du, dict(step_size=sigma, frac_past_breaking_point=frac)
+        return sgbd_fields(noise_sd, hyper, dim, dtype, adapt=bool(self.adapt_step_size))

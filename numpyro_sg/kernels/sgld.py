@@ -28,15 +28,20 @@ Laplace preconditioner ε is dimensionless (ε = 1 moves about one posterior sd 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 from jax import random
+from jax.flatten_util import ravel_pytree
 
 from numpyro_sg.kernels.base import check_choice, check_positive
-from numpyro_sg.kernels.gradient import GradientKernel, gradient_state
+from numpyro_sg.kernels.core import gradient_init, gradient_state, gradient_step
+from numpyro_sg.kernels.gradient import GradientKernel
 from numpyro_sg.kernels.moves import langevin_move, langevin_noise_variance
 from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
+
+__all__ = ["SGLD", "init", "step"]
 
 #: default ε in the working frame of the Laplace preconditioner (see docs/warmup.md)
 DEFAULT_STEP_SIZE = 0.7
@@ -61,6 +66,55 @@ the control-variate anchor (``None`` for plain gradients); ``guard`` the blow-up
 ``diverging`` True from the first divergence on; ``batch_state`` the index-drawing state;
 ``rng_key`` the chain's key.
 """)
+
+
+def sgld_move(state, grad_w, noise_sd_w, step_size, key, *, variant="vanilla", correct_discretisation=False):
+    """SGLD's move in the working frame: du = (ε/2)·ĝ_w + N(0, v), v as in the module docstring."""
+    variance = langevin_noise_variance(step_size, state.hyper.temperature,
+                                       noise_sd_w if variant == "corrected" else None, correct_discretisation)
+    noise = random.normal(key, grad_w.shape, grad_w.dtype)
+    return langevin_move(jnp.zeros_like(grad_w), grad_w, step_size, noise, variance), {}
+
+
+def sgld_fields(noise_sd, hyper, dim, dtype):
+    """SGLD's own state fields at the start: the step size."""
+    return dict(step_size=step_size_at(hyper.step_size, 0, dtype))
+
+
+def init(position, estimate, minibatch, step_size, *, temperature=1.0, precond=None) -> SGLDState:
+    """SGLD's state at ``position`` (a pytree), with ĝ = ``estimate(position, minibatch)``.
+
+    ``step_size`` ε: a float, one entry per coordinate or a schedule t ↦ ε_t, in the units of
+    ``precond`` (default M = I: the units of ``position``'s variance).  See :func:`step`.
+    """
+    dim = ravel_pytree(position)[0].shape[0]
+    hyper = SGLDHyper(resolve_step_size(step_size, None, dim), jnp.asarray(temperature, jnp.result_type(float)))
+    return gradient_init(SGLDState, position, estimate, minibatch, hyper, sgld_fields, precond)
+
+
+def step(rng_key, state, estimate, minibatch, *, variant="vanilla", correct_discretisation=False,
+         noise_ema_weight=0.1) -> SGLDState:
+    """One SGLD iteration (pure): the move with ĝ held in ``state``, then ĝ at the new point on
+    ``minibatch`` (:func:`~numpyro_sg.kernels.core.gradient_step`).
+
+    **Example**, in a loop of your own (``grad_log_post(theta, batch)`` an unbiased estimate of
+    ∇ log π, e.g. a BlackJAX gradient estimator):
+
+    .. code-block:: python
+
+        from numpyro_sg.kernels import sgld
+
+        state = sgld.init(theta0, grad_log_post, first_batch, step_size=1e-4)
+
+        def one_step(state, xs):
+            key, batch = xs
+            state = sgld.step(key, state, grad_log_post, batch)
+            return state, state.z
+
+        state, draws = jax.lax.scan(one_step, state, (keys, batches))
+    """
+    move = partial(sgld_move, variant=variant, correct_discretisation=correct_discretisation)
+    return gradient_step(rng_key, state, estimate, minibatch, move, noise_ema_weight)
 
 
 class SGLD(GradientKernel):
@@ -141,22 +195,14 @@ class SGLD(GradientKernel):
             correct_discretisation = isinstance(self.preconditioner, str)
         self.correct_discretisation = bool(correct_discretisation)
 
+    functional_step = staticmethod(step)
+
+    def step_options(self):
+        return super().step_options() | dict(variant=self.variant, correct_discretisation=self.correct_discretisation)
+
     def _hyperparameters(self, dim, precond):
         eps = resolve_step_size(self.step_size, DEFAULT_STEP_SIZE, dim)
         return SGLDHyper(step_size=eps, temperature=jnp.asarray(self.temperature, jnp.result_type(float)))
 
     def _init_fields(self, noise_sd, hyper, dim, dtype):
-        return dict(step_size=step_size_at(hyper.step_size, 0, dtype))
-
-    def _refresh(self, state):
-        return state._replace(step_size=step_size_at(state.hyper.step_size, state.i))
-
-    def _move(self, state, grad_w, noise_sd_w, key):
-        eps = step_size_at(state.hyper.step_size, state.i, grad_w.dtype)
-        variance = langevin_noise_variance(
-            eps, state.hyper.temperature,
-            noise_sd_w if self.variant == "corrected" else None,
-            self.correct_discretisation,
-        )
-        noise = random.normal(key, grad_w.shape, grad_w.dtype)
-        return langevin_move(jnp.zeros_like(grad_w), grad_w, eps, noise, variance), dict(step_size=eps)
+        return sgld_fields(noise_sd, hyper, dim, dtype)

@@ -10,12 +10,12 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import constrain_fn
 
-from numpyro_sg.infer.minibatch import Minibatcher, full_data, jit_with_data, subsample_plates, with_indices
+from numpyro_sg.infer.minibatch import Minibatcher, full_data, subsample_plates, with_indices
 from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.infer.sharded_minibatch import ShardedMinibatcher
-from numpyro_sg.infer.sharding import auto_view, check_not_parallel, eager_under_trace, find_data_shards
+from numpyro_sg.infer.sharding import auto_view, eager_under_trace, find_data_shards
 from numpyro_sg.kernels.esgld.sharded import shard_setup, sharded_minibatcher
-from numpyro_sg.kernels.base import SGKernel, check_positive, split_init_key
+from numpyro_sg.kernels.base import ChainStart, SGKernel, check_positive
 from numpyro_sg.kernels.esgld.options import (
     DEFAULT_WEIGHT_ROWS,
     ESGLDOptions,
@@ -276,11 +276,11 @@ class ESGLD(SGKernel):
             rb_name=f"{o.inclusion_name}_rb" if proposal == "informed" else None,
         )
 
-    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
-        model_kwargs = {} if model_kwargs is None else model_kwargs
-        self._start_init(num_warmup, rng_key)
-        check_not_parallel(model_args, model_kwargs, isinstance(rng_key, jax.core.Tracer))
-        with eager_under_trace(rng_key):  # structural work stays eager under pmap too
+    def _plan_chains(self, key_init, init_params, model_args, model_kwargs, num_chains) -> ChainStart:
+        """ESGLD's part of :meth:`~numpyro_sg.kernels.base.SGKernel.init`: the setup
+        (:meth:`_prepare`: spike-and-slab structure, mini-batcher, Laplace scales and anchor
+        schedule), the starting indicators, and each chain's start (one model trace)."""
+        with eager_under_trace(key_init):  # structural work stays eager under pmap too
             setup = self._prepare(model_args, model_kwargs)
             if setup.preconditioner == "laplace" and not anchor_applies(setup.spike_slab):
                 setup = replace(setup, laplace_index=coefficient_index(setup.spike_slab, setup.unravel, setup.dim))
@@ -296,9 +296,7 @@ class ESGLD(SGKernel):
         if isinstance(self._mb, ShardedMinibatcher):  # (shard_map cannot run under compile-time eval)
             self._mb.check_plate_sizes(model_args, model_kwargs)
         ss, rows = setup.spike_slab, setup.weight_rows
-        batched, rng_key, key_init = split_init_key(rng_key)
-        given, gamma0 = _given_start(ss, init_params, setup.inclusion_name,
-                                     jnp.shape(rng_key)[0] if batched else None)
+        given, gamma0 = _given_start(ss, init_params, setup.inclusion_name, num_chains)
         if not isinstance(gamma0, jax.core.Tracer) and bool(jnp.any(jnp.sum(gamma0, -1) > setup.max_model_size)):
             raise ValueError(f"The initial indicator has more than max_model_size = {setup.max_model_size} ones.")
         hyper = esgld_hyperparameters(self.step_size, self.temperature, setup.dim, setup.preconditioner,
@@ -310,7 +308,7 @@ class ESGLD(SGKernel):
             mode = initial_mode(self._model, ss, jnp.zeros((ss.num_coefficients,), jnp.int32),
                                 model_args, model_kwargs)
 
-        def init_one(key_init, key, given, gamma, model_args, model_kwargs):
+        def init_one(key, key_init, given, gamma, model_args, model_kwargs):
             if given is None or rows is not None:  # one model trace: the start and the weights' data
                 given, glm_rows = start_fn(ss, model_args, model_kwargs, strategy, rows)(key_init, given)
             else:
@@ -321,12 +319,8 @@ class ESGLD(SGKernel):
             weights = proposal_weights(setup.weight_kind, ss.num_coefficients, glm_rows, family)
             return esgld_initial_state(setup, given, gamma, weights, hyper, key)
 
-        if batched:
-            init_one = jax.vmap(init_one, in_axes=(0, 0, 0, 0, None, None))
-        data = auto_view(model_args, model_kwargs)  # the start reads a few rows; its anchor comes at step 0
-        state = jit_with_data(init_one, *data)(key_init, rng_key, given, gamma0)
-        self._sample_fn = self.sample
-        return state
+        # the start reads a few rows (on the data's view); its anchor comes at step 0
+        return ChainStart(init_one, (key_init, given, gamma0), (0, 0, 0), view=True)
 
     # -- one iteration -----------------------------------------------------------------
     def step(self, state, model_args, model_kwargs):

@@ -25,7 +25,6 @@ import jax.numpy as jnp
 from jax import lax, random
 from jax.flatten_util import ravel_pytree
 
-from numpyro_sg.kernels.base import all_finite
 from numpyro_sg.kernels.esgld.control_variates import (
     GLMAnchor,
     cv_batch,
@@ -39,7 +38,7 @@ from numpyro_sg.kernels.esgld.options import ESGLDHyper, ESGLDSetup
 from numpyro_sg.kernels.esgld.paper import rjmh_indicator_chain
 from numpyro_sg.kernels.esgld.warmup import LaplaceScales, laplace_scales, prior_curvature, warmup_step_scale
 from numpyro_sg.kernels.esgld.targets import coordinate_prior_table, indicator_target, model_averaged_gradient
-from numpyro_sg.kernels.guard import guarded_update, init_guard, rms
+from numpyro_sg.kernels.guard import all_finite, guarded_update, init_guard, rms
 from numpyro_sg.kernels.moves import langevin_move, langevin_noise_variance
 from numpyro_sg.kernels.step_size import step_size_at
 

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import random
 
-from numpyro_sg.kernels.base import all_finite
+from numpyro_sg.kernels.guard import all_finite
 from numpyro_sg.kernels.moves import langevin_move, langevin_noise_variance, mala_step
 
 

@@ -16,8 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax, random
 
-from numpyro_sg.kernels.base import all_finite
-from numpyro_sg.kernels.guard import freeze
+from numpyro_sg.kernels.guard import all_finite, freeze
 from numpyro_sg.kernels.sparse_async.block import block_move, gaussian_block_draw, norm_logpdf
 from numpyro_sg.kernels.sparse_async.gradients import glm_async_gradient
 from numpyro_sg.kernels.sparse_async.indicators import (

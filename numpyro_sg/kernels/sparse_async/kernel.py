@@ -11,11 +11,11 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import constrain_fn
 
-from numpyro_sg.infer.minibatch import full_data, jit_with_data, with_indices
+from numpyro_sg.infer.minibatch import full_data, with_indices
 from numpyro_sg.infer.model_info import trace_model
-from numpyro_sg.infer.sharding import (auto_view, check_not_parallel, eager_under_trace, find_data_shards,
+from numpyro_sg.infer.sharding import (auto_view, eager_under_trace, find_data_shards,
                                        spans_processes)
-from numpyro_sg.kernels.base import SGKernel, split_init_key
+from numpyro_sg.kernels.base import ChainStart, SGKernel
 from numpyro_sg.kernels.data_cache import PerDataCache
 from numpyro_sg.kernels.sparse_async.options import SparseAsyncOptions, check_options
 from numpyro_sg.kernels.sparse_async.setup import SPIKE_KEY, initial_values, make_plan
@@ -208,12 +208,9 @@ class SparseAsync(SGKernel):
         return msg
 
     # -- init ----------------------------------------------------------------------------------
-    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
-        model_kwargs = {} if model_kwargs is None else model_kwargs
-        self._start_init(num_warmup, rng_key)
-        check_not_parallel(model_args, model_kwargs, isinstance(rng_key, jax.core.Tracer))
-        batched, rng_key, key_init = split_init_key(rng_key)
-        num_chains = jnp.shape(rng_key)[0] if batched else None
+    def _plan_chains(self, key_init, init_params, model_args, model_kwargs, num_chains) -> ChainStart:
+        """SparseAsync's part of :meth:`~numpyro_sg.kernels.base.SGKernel.init`: the plan
+        (:meth:`_make_plan`, once per data set) and each chain's starting θ and δ."""
         # chain_method="parallel" calls init under a trace: the structural work stays eager
         with eager_under_trace(key_init):
             self._plan, self._constants, self._mb, self._sharded = self._setup.get(
@@ -223,15 +220,12 @@ class SparseAsync(SGKernel):
         if self._sharded is not None:  # (shard_map cannot run under compile-time eval)
             self._sharded.data.check_plate_sizes(model_args, model_kwargs)
         self._check_initial_indicator(delta)
-        _, self._unravel = ravel_pytree(jax.tree.map(lambda x: x[0], params) if batched else params)
-        init_one = partial(initial_state, self._plan, self._mb)
-        if batched:
-            init_one = jax.vmap(init_one, in_axes=(0, 0, 0, None, None, None))
-        # the data arrays are arguments, not constants baked into the compiled program
-        state = jit_with_data(init_one, model_args, model_kwargs)(
-            params, delta.astype(jnp.int32), rng_key, self._constants)
-        self._sample_fn = self.sample
-        return state
+        _, self._unravel = ravel_pytree(jax.tree.map(lambda x: x[0], params) if num_chains else params)
+
+        def init_one(key, params, delta, constants, model_args, model_kwargs):
+            return initial_state(self._plan, self._mb, params, delta, key, constants, model_args, model_kwargs)
+
+        return ChainStart(init_one, (params, delta.astype(jnp.int32), self._constants), (0, 0, None))
 
     def _make_plan(self, model_args, model_kwargs):
         """``(plan, constants, Minibatcher, ShardedPlan or None)``: the structure found from one

@@ -10,8 +10,7 @@ import jax.numpy as jnp
 from jax import lax, random
 from jax.flatten_util import ravel_pytree
 
-from numpyro_sg.kernels.base import all_finite
-from numpyro_sg.kernels.guard import freeze, guarded_update, init_guard
+from numpyro_sg.kernels.guard import all_finite, freeze, guarded_update, init_guard
 from numpyro_sg.kernels.sparse_async.block import robbins_monro
 from numpyro_sg.kernels.sparse_async.dense import dense_iteration
 from numpyro_sg.kernels.sparse_async.glm import glm_iteration
