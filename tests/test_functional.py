@@ -1,6 +1,7 @@
 """The functional core (``numpyro_sg.kernels.<kernel>.init``/``step``): a user's own ``lax.scan``
-gives ``MCMC``'s draws, a user's own log density and mini-batches sample the right posterior,
-and our control-variate estimator drives a BlackJAX kernel."""
+gives ``MCMC``'s draws (every kernel, ESGLD and SparseAsync through their pure steps), a user's
+own gradient estimator and mini-batches sample the right posterior, and our control-variate
+estimator drives a BlackJAX kernel."""
 
 import jax
 import jax.numpy as jnp
@@ -10,9 +11,12 @@ from jax import lax, random
 from numpyro.infer import MCMC
 
 import numpyro_sg as nsg
-from numpyro_sg.datasets import linear_regression_model, linear_regression_posterior, simulate_linear_regression
+from numpyro_sg.datasets import (esgld_linear_model, linear_regression_model, linear_regression_posterior,
+                                 simulate_esgld_linear, simulate_linear_regression, simulate_sparse_linear,
+                                 sparse_async_linear_model)
 from numpyro_sg.infer.preconditioner import Preconditioner
 from numpyro_sg.kernels import baoab, cyclical, psgld, sgbd, sghmc, sgld, sgnht
+from numpyro_sg.kernels.esgld.step import esgld_step
 
 #: (class, its functional module, options), the step's options as the class passes them
 KERNELS = {
@@ -147,3 +151,44 @@ def test_our_control_variate_estimator_drives_a_blackjax_kernel(data):
     sd = np.sqrt(np.diag(cov))
     assert np.all(np.abs(draws.mean(0) - mean) < 0.25 * sd), (draws.mean(0) - mean) / sd
     assert np.all(np.abs(draws.std(0) / sd - 1) < 0.15), draws.std(0) / sd
+
+
+def _spike_slab_run(kernel, data, n):
+    """MCMC's draws and the kernel's start for the same key (one chain, no warmup)."""
+    key = random.PRNGKey(4)
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=n, progress_bar=False)
+    mcmc.run(key, *data)
+    return mcmc.get_samples(), kernel.init(key, 0, None, data, {})
+
+
+def test_esglds_functional_step_in_a_users_scan_gives_mcmcs_draws():
+    """ESGLD's pure step (``esgld_step(setup, state, data)``, the setup built from the model at
+    ``init``) in a user's scan: MCMC's indicators and coefficients, draw for draw."""
+    X, y, _ = simulate_esgld_linear(500, 20, seed=0)
+    data, n = (X, y), 40
+    kernel = nsg.ESGLD(esgld_linear_model, num_models=3)
+    expected, state = _spike_slab_run(kernel, data, n)
+
+    def one_step(state, _):
+        state = esgld_step(kernel.setup, state, data, {})
+        return state, (state.z["gamma"], state.z["theta"])
+
+    _, (gamma, theta) = jax.jit(lambda s: lax.scan(one_step, s, None, length=n))(state)
+    np.testing.assert_array_equal(np.asarray(gamma), np.asarray(expected["gamma"]))
+    np.testing.assert_allclose(np.asarray(theta), np.asarray(expected["theta"]), rtol=1e-4, atol=1e-5)
+
+
+def test_sparse_asyncs_pure_step_in_a_users_scan_gives_mcmcs_draws():
+    """SparseAsync's pure step (``kernel.step(state, model_args, model_kwargs)``, the plan built
+    from the model at ``init``) in a user's scan: MCMC's indicators, draw for draw."""
+    X, y, _ = simulate_sparse_linear(30, 200, num_nonzero=3, seed=0)
+    data, n = (X, y), 40
+    kernel = nsg.SparseAsync(sparse_async_linear_model)
+    expected, state = _spike_slab_run(kernel, data, n)
+
+    def one_step(state, _):
+        state = kernel.step(state, data, {})
+        return state, state.z["delta"]
+
+    _, delta = jax.jit(lambda s: lax.scan(one_step, s, None, length=n))(state)
+    np.testing.assert_array_equal(np.asarray(delta), np.asarray(expected["delta"]))

@@ -22,12 +22,11 @@ package owns: :func:`numpyro_sg.check_convergence` and :func:`numpyro_sg.to_infe
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, NamedTuple
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import random
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.infer.util import constrain_fn
 from numpyro.util import is_prng_key
@@ -40,9 +39,11 @@ from numpyro_sg.infer.programs import placement_key
 from numpyro_sg.infer.run_clock import RunClock
 from numpyro_sg.infer.model_info import structure_only
 from numpyro_sg.infer.sharding import auto_view, check_not_parallel
+from numpyro_sg.kernels.chain_start import ChainStart, split_init_key
 from numpyro_sg.kernels.data_cache import PerDataCache
 from numpyro_sg.kernels.guard import diverged_iterations
 from numpyro_sg.kernels.progress import ProgressText
+from numpyro_sg.kernels.step_size import step_size_at
 
 __all__ = ["SGKernel", "EmbeddedDataWarning"]
 
@@ -64,49 +65,6 @@ def embedded_data_bytes(state, model_args, model_kwargs) -> int:
     return sum(int(np.size(x)) * np.dtype(x.dtype).itemsize
                for x in jax.tree.leaves((model_args, model_kwargs))
                if is_data(x) and not isinstance(x, jax.core.Tracer))
-
-
-def split_init_key(rng_key):
-    """``(batched, chain_key, init_key)``: a key, or a batch of keys (``chain_method=
-    "vectorized"``), split into the chain's key and the key for the initial values."""
-    if rng_key is None:
-        raise ValueError("rng_key is required: pass a jax.random.PRNGKey (or a batch of keys).")
-    batched = not is_prng_key(rng_key)
-    if batched:
-        keys = jax.vmap(lambda k: random.split(k, 2))(rng_key)
-        return True, keys[:, 0], keys[:, 1]
-    rng_key, key_init = random.split(rng_key)
-    return False, rng_key, key_init
-
-
-class ChainStart(NamedTuple):
-    """What a kernel family's plan gives :meth:`SGKernel.init` (its :meth:`SGKernel._plan_chains`).
-
-    ``init_one(chain_key, *args, model_args, model_kwargs)`` builds one chain's state;
-    ``chain_axes`` says, per entry of ``args``, whether it carries the chains' axis (0) or is
-    shared (``None``) when the chains are vectorised; ``program_key`` shares the compiled
-    program between runs (:func:`~numpyro_sg.infer.jit_data.jit_with_data`); ``view`` runs it
-    on the data's :func:`~numpyro_sg.infer.sharding.auto_view`.
-    """
-
-    init_one: Callable
-    args: tuple
-    chain_axes: tuple
-    program_key: Any = None
-    view: bool = False
-
-
-def search_trace_key(key_init, seed: int):
-    """A key of ``key_init``'s shape and type made from ``seed`` alone, for the model trace whose
-    draw only starts the warmup's mode search (no init strategy): the search, and so its result
-    in the process's store, then depends on the model, data and warmup options, not on the
-    run's key.  ``key_init`` itself when traced (``chain_method="parallel"``)."""
-    if isinstance(key_init, jax.core.Tracer):
-        return key_init
-    if jnp.issubdtype(key_init.dtype, jax.dtypes.prng_key):
-        return jnp.broadcast_to(random.key(seed, impl=random.key_impl(key_init)), key_init.shape)
-    fixed = random.PRNGKey(seed)
-    return jnp.broadcast_to(fixed, key_init.shape) if fixed.shape[-1:] == key_init.shape[-1:] else key_init
 
 
 def check_choice(name, value, choices):
@@ -352,8 +310,11 @@ class SGKernel(ProgressText, MCMCKernel):
         return one(state, values) if is_prng_key(state.rng_key) else jax.vmap(one)(state, values)
 
     def _refresh(self, state):
-        """Recompute state fields derived from the hyperparameters (default: none)."""
-        return state
+        """Recompute state fields derived from the hyperparameters after
+        :meth:`replace_hyperparameters`: ε at the state's iteration from ``hyper.step_size``,
+        in the shape the state holds it (a kernel adds its other derived fields)."""
+        eps = step_size_at(state.hyper.step_size, state.i, state.step_size.dtype)
+        return state._replace(step_size=jnp.broadcast_to(eps, jnp.shape(state.step_size)))
 
     def postprocess_fn(self, model_args, model_kwargs):
         """Constrained values (deterministic sites included) of an unconstrained state.

@@ -41,10 +41,10 @@ from numpyro_sg.infer.preconditioner import (Preconditioner, adapted_preconditio
 from numpyro_sg.infer.progress import warmup_progress
 from numpyro_sg.infer.warmup import ModeFit, WarmupOptions, find_mode
 from numpyro_sg.infer.programs import tree_signature
-from numpyro_sg.kernels.base import ChainStart, SGKernel, check_choice, search_trace_key
+from numpyro_sg.kernels.base import SGKernel, check_choice
+from numpyro_sg.kernels.chain_start import ChainStart, search_trace_key
 from numpyro_sg.kernels.core import gradient_init
 from numpyro_sg.kernels.data_cache import PerDataCache
-from numpyro_sg.kernels.step_size import step_size_at
 from numpyro_sg.locals.fitting import anchor_gradient, log_marginal_batcher
 from numpyro_sg.locals.model import integrate_locals
 from numpyro_sg.kernels.report import chain_moments, frozen_chains, frozen_report, misfit_report
@@ -348,11 +348,6 @@ class GradientKernel(SGKernel):
         collect = state.i >= self._moments_from
         return new._replace(moments=update_moments(state.moments, ravel_pytree(new.z)[0], collect),
                             batch_state=batch_state, rng_key=key)
-
-    def _refresh(self, state):
-        """ε at the state's iteration after ``replace_hyperparameters``, in the shape it is held."""
-        eps = step_size_at(state.hyper.step_size, state.i, state.step_size.dtype)
-        return state._replace(step_size=jnp.broadcast_to(eps, jnp.shape(state.step_size)))
 
     # -- what a kernel supplies -------------------------------------------------------------
     #: the kernel's functional step: its module's ``step(rng_key, state, estimate, minibatch, **options)``

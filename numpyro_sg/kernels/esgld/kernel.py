@@ -15,7 +15,8 @@ from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.infer.sharded_minibatch import ShardedMinibatcher
 from numpyro_sg.infer.sharding import auto_view, eager_under_trace, find_data_shards
 from numpyro_sg.kernels.esgld.sharded import shard_setup, sharded_minibatcher
-from numpyro_sg.kernels.base import ChainStart, SGKernel, check_positive
+from numpyro_sg.kernels.base import SGKernel, check_positive
+from numpyro_sg.kernels.chain_start import ChainStart
 from numpyro_sg.kernels.esgld.options import (
     DEFAULT_WEIGHT_ROWS,
     ESGLDOptions,
@@ -28,7 +29,6 @@ from numpyro_sg.kernels.esgld.options import (
 from numpyro_sg.kernels.esgld.step import ESGLDState, esgld_initial_state, esgld_step
 from numpyro_sg.kernels.esgld.warmup import coefficient_index, initial_mode, start_at_mode
 from numpyro_sg.kernels.esgld.weights import proposal_weights, resolve_proposal_weights
-from numpyro_sg.kernels.step_size import step_size_at
 from numpyro_sg.spike_slab import SpikeSlab, effective_site_name, find_spike_slab, start_fn
 
 
@@ -332,9 +332,6 @@ class ESGLD(SGKernel):
         self._mb.check_compiled_data(state.i, model_args, model_kwargs)
         return self._mb.shards.replicated(functools.partial(esgld_step, self._step_setup), state,
                                           model_args, model_kwargs)
-
-    def _refresh(self, state):
-        return state._replace(step_size=step_size_at(state.hyper.step_size, state.i))
 
     # -- output ------------------------------------------------------------------------
     def postprocess_fn(self, model_args, model_kwargs):

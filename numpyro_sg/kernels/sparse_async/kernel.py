@@ -15,7 +15,8 @@ from numpyro_sg.infer.minibatch import full_data, with_indices
 from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.infer.sharding import (auto_view, eager_under_trace, find_data_shards,
                                        spans_processes)
-from numpyro_sg.kernels.base import ChainStart, SGKernel
+from numpyro_sg.kernels.base import SGKernel
+from numpyro_sg.kernels.chain_start import ChainStart
 from numpyro_sg.kernels.data_cache import PerDataCache
 from numpyro_sg.kernels.sparse_async.options import SparseAsyncOptions, check_options
 from numpyro_sg.kernels.sparse_async.setup import SPIKE_KEY, initial_values, make_plan
@@ -265,10 +266,6 @@ class SparseAsync(SGKernel):
                 f"The initial indicator {plan.ss.indicator!r} has {size} active coordinates, "
                 f"more than max_active = {plan.max_active}; pass a larger max_active."
             )
-
-    def _refresh(self, state):
-        """The current ε restarts from the (replaced) base value ``hyper.step_size``."""
-        return state._replace(step_size=jnp.asarray(state.hyper.step_size, jnp.result_type(state.step_size)))
 
     # -- one iteration ---------------------------------------------------------------------------
     def step(self, state, model_args, model_kwargs):
