@@ -22,6 +22,7 @@ package owns: :func:`numpyro_sg.check_convergence` and :func:`numpyro_sg.to_infe
 from __future__ import annotations
 
 import warnings
+from functools import partial
 from typing import Callable
 
 import jax
@@ -38,6 +39,7 @@ from numpyro_sg.infer.minibatch import Minibatcher, full_data, jit_with_data, wi
 from numpyro_sg.infer.programs import placement_key
 from numpyro_sg.infer.run_clock import RunClock
 from numpyro_sg.infer.model_info import structure_only
+from numpyro_sg.infer.sharded_minibatch import is_sharded
 from numpyro_sg.infer.sharding import auto_view, check_not_parallel
 from numpyro_sg.kernels.chain_start import ChainStart, split_init_key
 from numpyro_sg.kernels.data_cache import PerDataCache
@@ -317,25 +319,44 @@ class SGKernel(ProgressText, MCMCKernel):
         return state._replace(step_size=jnp.broadcast_to(eps, jnp.shape(state.step_size)))
 
     def postprocess_fn(self, model_args, model_kwargs):
-        """Constrained values (deterministic sites included) of an unconstrained state.
-
-        Deterministic sites inside a subsample plate are computed over the full data; when
-        there are none, the plates run on a single datum, so post-processing a draw costs
-        O(d) rather than O(N·d).
-        """
+        """Constrained values (deterministic sites included) of a draw ``z``, for every kernel:
+        the kernel's :meth:`_constrain` on the model run over the full data when a deterministic
+        site sits in a subsample plate, else on one datum per plate (so post-processing a draw
+        costs O(d) rather than O(N·d)); on data split over a mesh, on each shard's first row
+        (no data move; a deterministic site in the plate is refused there).  The identity
+        before ``init``."""
         model_kwargs = {} if model_kwargs is None else model_kwargs
-        if self._mb is None:
-            model = self._model
-        elif self._deterministic_in_plate:
-            model = full_data(self._model, self._mb.plates)
+        plates, shards = self._draw_plates(), self._data_shards()
+        if plates is None:
+            return lambda z: z
+        if self._deterministic_in_plate and plates:
+            if shards is not None:
+                raise ValueError("a deterministic site inside the subsample plate (one value per "
+                                 "datum) is not available on data split over a mesh.")
+            model = full_data(self._model, plates)
         else:
-            model = with_indices(self._model, {p.name: jnp.arange(1) for p in self._mb.plates})
+            model = with_indices(self._model, {p.name: jnp.arange(1, dtype=jnp.int32) for p in plates})
 
-        def postprocess(params):
+        def postprocess(z, model_args, model_kwargs):
             with structure_only():   # (a marginal's integral is no part of a draw)
-                return constrain_fn(model, model_args, model_kwargs, params, return_deterministic=True)
+                return self._constrain(z, model, model_args, model_kwargs)
 
-        return postprocess
+        if shards is not None:
+            return lambda z: shards.on_each_shard(postprocess, z, model_args, model_kwargs)
+        return partial(postprocess, model_args=model_args, model_kwargs=model_kwargs)
+
+    def _draw_plates(self):
+        """The subsample plates a draw's post-processing runs (``None`` before ``init``)."""
+        return None if self._mb is None else tuple(self._mb.plates)
+
+    def _data_shards(self):
+        """The :class:`~numpyro_sg.infer.sharding.DataShards` of data split over a mesh, else ``None``."""
+        return self._mb.shards if is_sharded(self._mb) else None
+
+    def _constrain(self, z, model, model_args, model_kwargs):
+        """A draw ``z`` (unconstrained values) in the constrained space of ``model``, with its
+        deterministic sites (the kernel adds what its state holds besides)."""
+        return constrain_fn(model, model_args, model_kwargs, z, return_deterministic=True)
 
     def convergence_report(self, state) -> list:
         """Problems of a finished run beyond R̂, ESS and drift (default: none): sentences, or

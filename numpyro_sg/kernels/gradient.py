@@ -34,7 +34,7 @@ from numpyro.util import is_prng_key
 from numpyro_sg.diagnostics.convergence import ConvergenceWarning
 from numpyro_sg.infer.minibatch import Anchor, subsample_plates
 from numpyro_sg.infer.model_info import trace_model
-from numpyro_sg.infer.sharded_minibatch import is_sharded, make_minibatcher
+from numpyro_sg.infer.sharded_minibatch import make_minibatcher
 from numpyro_sg.infer.sharding import auto_view, eager_under_trace
 from numpyro_sg.infer.preconditioner import (Preconditioner, adapted_preconditioner, init_moments, laplace_draw,
                                              update_moments)
@@ -255,16 +255,6 @@ class GradientKernel(SGKernel):
         state = gradient_init(self.State, self._unravel(flat), estimate, indices, hyper, self._init_fields, precond)
         return state._replace(anchor=anchor, moments=init_moments(flat.shape[0], precond.kind == "dense", flat.dtype),
                               batch_state=batch_state, rng_key=key)
-
-    def postprocess_fn(self, model_args, model_kwargs):
-        """As :meth:`SGKernel.postprocess_fn`; on data split over a mesh, shard-locally
-        (:meth:`~numpyro_sg.infer.sharded_minibatch.ShardedMinibatcher.postprocess_fn`)."""
-        if is_sharded(self._mb):
-            if self._deterministic_in_plate:
-                raise ValueError("a deterministic site inside the subsample plate (one value per "
-                                 "datum) is not available on data split over a mesh.")
-            return self._mb.postprocess_fn(model_args, model_kwargs)
-        return super().postprocess_fn(model_args, model_kwargs)
 
     # -- warmup adaptation and the end-of-run report --------------------------------------
     #: fractions of num_warmup: moments collected from the first, preconditioner re-estimated

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import constrain_fn
 
-from numpyro_sg.infer.minibatch import Minibatcher, full_data, subsample_plates, with_indices
+from numpyro_sg.infer.minibatch import Minibatcher, subsample_plates
 from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.infer.sharded_minibatch import ShardedMinibatcher
 from numpyro_sg.infer.sharding import auto_view, eager_under_trace, find_data_shards
@@ -293,6 +293,7 @@ class ESGLD(SGKernel):
                 setup = replace(setup, num_warmup=self._num_warmup)
             self._setup = setup
             self._step_setup = shard_setup(setup, self._mb)
+            self._deterministic_in_plate = setup.spike_slab.deterministic_in_plate
         if isinstance(self._mb, ShardedMinibatcher):  # (shard_map cannot run under compile-time eval)
             self._mb.check_plate_sizes(model_args, model_kwargs)
         ss, rows = setup.spike_slab, setup.weight_rows
@@ -334,38 +335,21 @@ class ESGLD(SGKernel):
                                           model_args, model_kwargs)
 
     # -- output ------------------------------------------------------------------------
-    def postprocess_fn(self, model_args, model_kwargs):
-        """Constrained draws: the continuous sites (deterministic ones included), γ, the
-        inclusion frequency and β = θ·γ (unless the model has it as a deterministic site)."""
-        model_kwargs = {} if model_kwargs is None else model_kwargs
+    def _constrain(self, z, model, model_args, model_kwargs):
+        """A draw's continuous sites (deterministic ones included), γ, the inclusion frequency
+        and β = θ·γ (unless the model has it as a deterministic site); the shell's
+        ``postprocess_fn`` runs it (:meth:`~numpyro_sg.kernels.base.SGKernel.postprocess_fn`)."""
         setup = self._setup
-        if setup is None:
-            return lambda z: z
         ss = setup.spike_slab
-        sharded = isinstance(self._mb, ShardedMinibatcher)
-        if sharded and ss.deterministic_in_plate:
-            raise ValueError("a deterministic site inside the subsample plate (one value per "
-                             "datum) is not available on data split over a mesh.")
-        model = full_data(self._model, self._mb.plates) if ss.deterministic_in_plate else with_indices(
-            self._model, ss.first_indices(1)
-        )
-        eff, incl = setup.effective_name, setup.inclusion_name
-
-        def postprocess(z, model_args, model_kwargs):
-            params, gamma = setup.unpack(z)
-            out = constrain_fn(ss.conditioned(gamma, model), model_args, model_kwargs, params,
-                               return_deterministic=True)
-            out[ss.indicator] = gamma
-            out[incl] = z[incl]
-            if setup.rb_name is not None:
-                out[setup.rb_name] = z[setup.rb_name]
-            if eff not in out:
-                out[eff] = out[ss.coefficient] * gamma
-            return out
-
-        if sharded:  # each shard's first row: no data move
-            return lambda z: self._mb.shards.on_each_shard(postprocess, z, model_args, model_kwargs)
-        return functools.partial(postprocess, model_args=model_args, model_kwargs=model_kwargs)
+        params, gamma = setup.unpack(z)
+        out = constrain_fn(ss.conditioned(gamma, model), model_args, model_kwargs, params, return_deterministic=True)
+        out[ss.indicator] = gamma
+        out[setup.inclusion_name] = z[setup.inclusion_name]
+        if setup.rb_name is not None:
+            out[setup.rb_name] = z[setup.rb_name]
+        if setup.effective_name not in out:
+            out[setup.effective_name] = out[ss.coefficient] * gamma
+        return out
 
 
 def _given_start(ss: SpikeSlab, init_params, inclusion_name, num_chains):

@@ -11,7 +11,6 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import constrain_fn
 
-from numpyro_sg.infer.minibatch import full_data, with_indices
 from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.infer.sharding import (auto_view, eager_under_trace, find_data_shards,
                                        spans_processes)
@@ -221,6 +220,7 @@ class SparseAsync(SGKernel):
         if self._sharded is not None:  # (shard_map cannot run under compile-time eval)
             self._sharded.data.check_plate_sizes(model_args, model_kwargs)
         self._check_initial_indicator(delta)
+        self._deterministic_in_plate = self._plan.ss.deterministic_in_plate
         _, self._unravel = ravel_pytree(jax.tree.map(lambda x: x[0], params) if num_chains else params)
 
         def init_one(key, params, delta, constants, model_args, model_kwargs):
@@ -294,35 +294,25 @@ class SparseAsync(SGKernel):
         )
 
     # -- output --------------------------------------------------------------------------------
-    def postprocess_fn(self, model_args, model_kwargs):
-        """Constrained draws: θ with its excluded coordinates drawn from the spike (from the
-        key kept with the draw), δ, and θ·δ under :attr:`effective_name`."""
-        model_kwargs = {} if model_kwargs is None else model_kwargs
+    def _draw_plates(self):
         ss = self.spike_slab
-        if ss is None:
-            return lambda z: z
-        if ss.deterministic_in_plate and ss.plate is not None:
-            if self._sharded is not None:
-                raise ValueError("a deterministic site inside the data plate (one value per datum) "
-                                 "is not available on data split over a mesh.")
-            model = full_data(self._model, (ss.plate,))
-        else:
-            model = with_indices(self._model, ss.first_indices(1))
-        eff = self.effective_name
+        return None if ss is None else (() if ss.plate is None else (ss.plate,))
 
-        def postprocess(z, model_args, model_kwargs):
-            z = dict(z)
-            delta = z.pop(ss.indicator)
-            key = z.pop(SPIKE_KEY)
-            out = constrain_fn(ss.conditioned(delta, model), model_args, model_kwargs, z, return_deterministic=True)
-            spike = ss.spike_sample_fn(model_args, model_kwargs)(key, out)
-            theta = jnp.where(delta == 1, out[ss.coefficient], spike.astype(out[ss.coefficient].dtype))
-            out[ss.coefficient] = theta
-            out[ss.indicator] = delta
-            out[eff] = theta * delta
-            return out
+    def _data_shards(self):
+        return None if self._sharded is None else self._sharded.data.shards
 
-        if self._sharded is not None:  # each shard's first row: no data move
-            shards = self._sharded.data.shards
-            return lambda z: shards.on_each_shard(postprocess, z, model_args, model_kwargs)
-        return partial(postprocess, model_args=model_args, model_kwargs=model_kwargs)
+    def _constrain(self, z, model, model_args, model_kwargs):
+        """A draw's θ with its excluded coordinates drawn from the spike (from the key kept with
+        the draw), δ, and θ·δ under :attr:`effective_name`; the shell's ``postprocess_fn`` runs
+        it (:meth:`~numpyro_sg.kernels.base.SGKernel.postprocess_fn`)."""
+        ss = self.spike_slab
+        z = dict(z)
+        delta = z.pop(ss.indicator)
+        key = z.pop(SPIKE_KEY)
+        out = constrain_fn(ss.conditioned(delta, model), model_args, model_kwargs, z, return_deterministic=True)
+        spike = ss.spike_sample_fn(model_args, model_kwargs)(key, out)
+        theta = jnp.where(delta == 1, out[ss.coefficient], spike.astype(out[ss.coefficient].dtype))
+        out[ss.coefficient] = theta
+        out[ss.indicator] = delta
+        out[self.effective_name] = theta * delta
+        return out
