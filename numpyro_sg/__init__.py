@@ -5,6 +5,8 @@ import os as _os
 from numpyro_sg.kernels import ESGLD, SGBD, SGLD, DivergenceWarning, SparseAsync, polynomial_schedule
 from numpyro_sg.kernels import BAOAB, PSGLD, CyclicalSGLD
 from numpyro_sg.kernels import SGHMC, SGNHT
+from numpyro_sg.kernels import ESGLDOptions, MinibatchOptions, RMSpropOptions, SparseAsyncOptions
+from numpyro_sg.spike_slab import SpikeSlabSites
 from numpyro_sg.results.inference_data import to_inference_data
 from numpyro_sg.results.summary import posterior_summary
 from numpyro_sg.diagnostics.convergence import ConvergenceWarning, check_convergence
@@ -49,6 +51,7 @@ __all__ = [
     "selection_summary",
 ]
 __all__ += ["PSGLD", "BAOAB", "CyclicalSGLD", "enable_compilation_cache"]
+__all__ += ["MinibatchOptions", "RMSpropOptions", "SpikeSlabSites", "ESGLDOptions", "SparseAsyncOptions"]
 
 if _os.environ.get(_CACHE_ENV):  # the persistent compilation cache, by environment variable
     enable_compilation_cache(_os.environ[_CACHE_ENV])

@@ -363,7 +363,7 @@ def check_sparse_async():
              jit_model_args=True).run(jax.random.PRNGKey(0), *sharded)
 
     out["dense"] = _error(lambda: run(spike_slab_intercept))
-    out["replace"] = _error(lambda: run(spike_slab, variant="sgld", replace=False))
+    out["replace"] = _error(lambda: run(spike_slab, variant="sgld", minibatch_options={"replace": False}))
     return out
 
 
@@ -404,7 +404,7 @@ def check_errors():
         "parallel": _error(lambda: run(nsg.SGLD(logistic), *args, method="parallel", chains=2)),
         "hard_coded": _error(lambda: run(nsg.SGLD(hard_coded), *args)),
         "batch": _error(lambda: run(nsg.SGLD(logistic, subsample_size=102), *args)),
-        "replace": _error(lambda: run(nsg.SGLD(logistic, replace=False), *args)),
+        "replace": _error(lambda: run(nsg.SGLD(logistic, minibatch_options={"replace": False}), *args)),
     }
     Xnan = X.copy()
     Xnan[2500, 1] = np.nan

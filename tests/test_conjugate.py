@@ -45,7 +45,7 @@ CASES = {
 
 
 def _run(make_kernel, n, X, y, seed=0, replace=True):
-    kernel = make_kernel(replace=replace)
+    kernel = make_kernel(minibatch_options={"replace": replace})
     mcmc = MCMC(kernel, num_warmup=2000, num_samples=20_000, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(seed), X, y, subsample_size=n)
     return np.asarray(mcmc.get_samples()["theta"], np.float64)

@@ -409,7 +409,7 @@ PAPER_ALGORITHM = {"proposal": "paper", "gradient": "plain", "preconditioner": N
 def test_inclusion_matches_exact_enumeration(subsample, correction, iters, tol, options, e2e_data):
     X, y, exact = e2e_data
     step = 1e-4 if options else None
-    kernel = ESGLD(e2e_model, step, subsample_size=subsample, mh_correction=correction, **options)
+    kernel = ESGLD(e2e_model, step, subsample_size=subsample, options={"mh_correction": correction}, **options)
     mcmc = MCMC(kernel, num_warmup=1000, num_samples=iters, num_chains=4,
                 chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), X, y)
@@ -535,11 +535,11 @@ def test_bad_inputs(small_data):
     with pytest.raises(ValueError, match="num_models"):
         ESGLD(lin_model, 1e-4, num_models=0)
     with pytest.raises(ValueError, match="mh_correction"):
-        ESGLD(lin_model, 1e-4, mh_correction="barker")
+        ESGLD(lin_model, 1e-4, options={"mh_correction": "barker"})
     with pytest.raises(ValueError, match="proposal_weights"):
-        ESGLD(lin_model, 1e-4, proposal_weights=[0.5, 1.5])
+        ESGLD(lin_model, 1e-4, options={"proposal_weights": [0.5, 1.5]})
     with pytest.raises(ValueError, match="shape"):
-        run(ESGLD(lin_model, 1e-4, proposal_weights=[0.5, 0.5]))
+        run(ESGLD(lin_model, 1e-4, options={"proposal_weights": [0.5, 0.5]}))
 
     def not_binary(X, y=None):
         N, p = X.shape
@@ -550,7 +550,7 @@ def test_bad_inputs(small_data):
                            obs=numpyro.subsample(y, event_dim=0))
 
     with pytest.raises(SpikeSlabError, match="not binary"):
-        run(ESGLD(not_binary, 1e-4, indicator="gamma"))
+        run(ESGLD(not_binary, 1e-4, sites={"indicator": "gamma"}))
 
     def no_coef(X, y=None):
         N, p = X.shape
@@ -573,7 +573,7 @@ def test_bad_inputs(small_data):
     with pytest.raises(SpikeSlabError, match="not of the spike-and-slab form"):
         run(ESGLD(wrong_form, 1e-4))
     with pytest.raises(ValueError, match="needs a GLM likelihood"):
-        run(ESGLD(lin_model, 1e-4, proposal_weights="correlation", fast_path="generic"))
+        run(ESGLD(lin_model, 1e-4, options={"proposal_weights": "correlation", "fast_path": "generic"}))
 
 
 def test_options_that_do_not_apply_raise(small_data):
@@ -587,25 +587,25 @@ def test_options_that_do_not_apply_raise(small_data):
     for option in ("proposal", "gradient"):
         good = {"proposal": "informed", "gradient": "cv"}[option]
         with pytest.raises(ValueError, match=f"{option}='{good}' needs a GLM likelihood"):
-            run(ESGLD(lin_model, 1e-4, fast_path="generic", **{option: good}))
-    kernel = ESGLD(lin_model, 0.1, fast_path="generic", preconditioner="laplace")
+            run(ESGLD(lin_model, 1e-4, options={"fast_path": "generic"}, **{option: good}))
+    kernel = ESGLD(lin_model, 0.1, options={"fast_path": "generic"}, preconditioner="laplace")
     run(kernel)  # without the anchor: the Laplace step of the model's own curvature
     assert kernel.setup.laplace_index is not None and not kernel.setup.anchored
     with pytest.raises(ValueError, match="weight_rows"):
-        ESGLD(lin_model, 1e-4, proposal_weights="uniform", weight_rows=100)
+        ESGLD(lin_model, 1e-4, options={"proposal_weights": "uniform", "weight_rows": 100})
     with pytest.raises(ValueError, match="full batch"):  # lin_model's plate is full-batch
-        run(ESGLD(lin_model, 1e-4, mh_correction="penalty"))
+        run(ESGLD(lin_model, 1e-4, options={"mh_correction": "penalty"}))
 
     with pytest.raises(ValueError, match="weight_rows has no effect"):  # 'auto' is uniform here
-        run(ESGLD(lin_model, 1e-4, fast_path="generic", weight_rows=100))
+        run(ESGLD(lin_model, 1e-4, options={"fast_path": "generic", "weight_rows": 100}))
 
 
 # --- the kernel core: one model trace at init, pure step, hyperparameters in the state -------
 @pytest.mark.parametrize("model_name,options", [
     ("linear", {}),
-    ("size", {"proposal_weights": "deviance"}),
+    ("size", {"options": {"proposal_weights": "deviance"}}),
     # the paper's algorithm (the default without the anchor adds the warmup's mode search)
-    ("linear", {"fast_path": "generic", "proposal_weights": "uniform", "preconditioner": None}),
+    ("linear", {"options": {"fast_path": "generic", "proposal_weights": "uniform"}, "preconditioner": None}),
 ])
 def test_init_runs_the_model_at_most_three_times(model_name, options, small_data):
     """The model function is called once by the trace, once by the vectorised checks and once
@@ -623,13 +623,13 @@ def test_init_runs_the_model_at_most_three_times(model_name, options, small_data
         kernel = ESGLD(counted, 1e-4, max_model_size=4, **options)
         state = kernel.init(key, 0, None, (X, obs), {})
         assert len(calls) <= 3, len(calls)
-        assert kernel.uses_glm_path == (options.get("fast_path") != "generic")
+        assert kernel.uses_glm_path == (options.get("options", {}).get("fast_path") != "generic")
     assert state.z["theta"].shape == (3, 8) and np.all(np.asarray(state.z["gamma"]) == 0)
 
 
 def test_step_is_pure_with_hyperparameters_in_the_state(small_data):
     X, y, _, _ = small_data
-    kernel = ESGLD(lin_model, 1e-4, max_model_size=4, flip_sign=False)
+    kernel = ESGLD(lin_model, 1e-4, max_model_size=4, options={"flip_sign": False})
     state = kernel.init(jax.random.split(jax.random.PRNGKey(0), 3), 0, None, (X, y), {})
     attributes = dict(vars(kernel))
     eps = jnp.array([1e-4, 1e-3, 1e-2])
@@ -694,7 +694,7 @@ def newcomer_data():
 @pytest.mark.parametrize("correction", [None, "penalty"])
 def test_newcomer_defaults_find_all_effects(correction, newcomer_data):
     X, y, beta = newcomer_data
-    mcmc = MCMC(ESGLD(esgld_linear_model, subsample_size=200, mh_correction=correction),
+    mcmc = MCMC(ESGLD(esgld_linear_model, subsample_size=200, options={"mh_correction": correction}),
                 num_warmup=2000, num_samples=3000, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), X, y)
     table = nsg.selection_summary(mcmc, beta)

@@ -204,7 +204,8 @@ def test_deterministic_inside_plate_is_over_the_full_data(linear_data):
 
 def test_kernel_subsample_size_override(linear_data):
     X, y = linear_data
-    kernel = nsg.SGLD(linear_model, 1e-4, variant="corrected", subsample_size=1000, replace=False)
+    kernel = nsg.SGLD(linear_model, 1e-4, variant="corrected", subsample_size=1000,
+                      minibatch_options={"replace": False})
     mcmc = MCMC(kernel, num_warmup=10, num_samples=10, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("grad_noise_sd",))
     assert kernel.plates[0].subsample_size == 1000
@@ -259,18 +260,36 @@ def test_the_progress_bars_text_reads_the_state_a_few_times_a_second(logistic_da
         (lambda: nsg.SGLD(logistic_model, -1.0), "step_size must be positive"),
         (lambda: nsg.SGLD(logistic_model, 1e-3, variant="fancy"), "variant must be one of"),
         (lambda: nsg.SGLD(logistic_model, 1e-3, temperature=0.0), "temperature must be positive"),
-        (lambda: nsg.SGLD(logistic_model, 1e-3, variant="corrected", estimate_noise=False),
+        (lambda: nsg.SGLD(logistic_model, 1e-3, variant="corrected", minibatch_options={"estimate_noise": False}),
          "needs estimate_noise"),
         (lambda: nsg.SGBD(logistic_model, 0.0), "positive finite"),
         (lambda: nsg.SGBD(logistic_model, 0.1, variant="wild"), "variant must be one of"),
         (lambda: nsg.SGBD(logistic_model, 0.1, adapt_step_size="sometimes"), "adapt_step_size"),
-        (lambda: nsg.SGBD(logistic_model, 0.1, noise_ema_weight=0.0), "noise_ema_weight"),
+        (lambda: nsg.SGBD(logistic_model, 0.1, minibatch_options={"noise_ema_weight": 0.0}), "noise_ema_weight"),
         (lambda: nsg.SGBD("not a model"), "must be a NumPyro model"),
     ],
 )
 def test_bad_kernel_arguments(make, match):
     with pytest.raises((ValueError, TypeError), match=match):
         make()
+
+
+#: the most parameters a kernel's constructor may take (``self`` aside; an options object is one)
+MAX_CONSTRUCTOR_PARAMETERS = 12
+
+
+def test_kernel_constructors_take_at_most_twelve_parameters():
+    """Every kernel class the package exports takes at most 12 constructor parameters: settings
+    beyond them are grouped into options objects (``minibatch_options``, ``rmsprop``, ``sites``,
+    ``options``)."""
+    import inspect
+
+    kernels = [obj for name in nsg.__all__ if inspect.isclass(obj := getattr(nsg, name))
+               and issubclass(obj, nsg.kernels.SGKernel)]
+    assert {"SGLD", "SGBD", "SGHMC", "SGNHT", "PSGLD", "BAOAB", "ESGLD", "SparseAsync"} <= {k.__name__ for k in kernels}
+    counts = {k.__name__: len([p for p in inspect.signature(k.__init__).parameters if p != "self"])
+              for k in kernels}
+    assert max(counts.values()) <= MAX_CONSTRUCTOR_PARAMETERS, counts
 
 
 def test_per_coordinate_step_size_shape_is_checked(logistic_data):

@@ -170,7 +170,7 @@ SGLD_CASES = {
     # name: (SGLD keyword arguments)
     "vanilla-n50": dict(variant="vanilla", subsample_size=50),
     # replace=False with n = N walks one permutation of all the data per step: exact gradient.
-    "vanilla-full-batch": dict(variant="vanilla", subsample_size=100, replace=False),
+    "vanilla-full-batch": dict(variant="vanilla", subsample_size=100, minibatch_options={"replace": False}),
     "corrected-n50": dict(variant="corrected", subsample_size=50),
 }
 

@@ -212,7 +212,7 @@ def test_baoab_kernel_is_baoab(linear_data):
     data, grad = _deterministic(linear_data)
     schedule, gamma, steps = nsg.polynomial_schedule(1e-4, 1.0, 0.5), 20.0, 40
     kernel = nsg.BAOAB(linear_model, schedule, friction=gamma, temperature=1e-30, preconditioner=None,
-                       gradient="plain", subsample_size=1000, replace=False)
+                       gradient="plain", subsample_size=1000, minibatch_options={"replace": False})
     ours = _kernel_path(kernel, data, steps)
     theta, p, direct = np.zeros(3), np.zeros(3), []
     for t in range(steps):
@@ -234,8 +234,9 @@ def test_psgld_kernel_is_li_et_al(linear_data):
     θ ← θ + (ε/2)·ĝ/(λ + √V).  Float32 against float64 over 40 steps: 1e-4 absolute."""
     data, grad = _deterministic(linear_data)
     eps, alpha, lam, steps = 1e-2, 0.9, 1e-5, 40
-    kernel = nsg.PSGLD(linear_model, eps, alpha=alpha, damping=lam, temperature=1e-30,
-                       preconditioner=None, gradient="plain", subsample_size=1000, replace=False)
+    kernel = nsg.PSGLD(linear_model, eps, rmsprop={"alpha": alpha, "damping": lam}, temperature=1e-30,
+                       preconditioner=None, gradient="plain", subsample_size=1000,
+                       minibatch_options={"replace": False})
     ours = _kernel_path(kernel, data, steps)
     theta, v, direct = np.zeros(3), np.zeros(3), []
     for _ in range(steps):
@@ -255,7 +256,7 @@ def test_psgld_curvature_is_the_whitened_hessian_diagonal(linear_data):
     X, y = linear_data
     _, cov = linear_posterior(X, y)
     kernel = nsg.PSGLD(linear_model, 0.5, correction=True, preconditioner=cov, gradient="plain",
-                       subsample_size=1000, replace=False)
+                       subsample_size=1000, minibatch_options={"replace": False})
     state = kernel.init(jax.random.PRNGKey(0), 0, {"theta": jnp.zeros(3)}, (X, y), {})
     assert np.all(np.isnan(state.curvature))
     state = jax.jit(lambda s: kernel.step(s, (X, y), {}))(state)
@@ -363,9 +364,10 @@ def test_defaults_match_nuts_on_logistic_regression(name, logistic_nuts):
     "make, match",
     [
         (lambda: nsg.PSGLD(logistic_model, -1.0), "step_size must be positive"),
-        (lambda: nsg.PSGLD(logistic_model, alpha=1.0), r"alpha must be a number in \[0, 1\)"),
-        (lambda: nsg.PSGLD(logistic_model, damping=0.0), "damping must be positive"),
-        (lambda: nsg.PSGLD(logistic_model, rms_init=-1.0), "rms_init must be"),
+        (lambda: nsg.PSGLD(logistic_model, rmsprop={"alpha": 1.0}), r"alpha must be a number in \[0, 1\)"),
+        (lambda: nsg.PSGLD(logistic_model, rmsprop={"damping": 0.0}), "damping must be positive"),
+        (lambda: nsg.PSGLD(logistic_model, rmsprop={"initial": -1.0}), "initial .* must be a finite number"),
+        (lambda: nsg.PSGLD(logistic_model, rmsprop={"decay": 0.9}), r"unknown RMSprop option\(s\) \['decay'\]"),
         (lambda: nsg.PSGLD(logistic_model, correction="yes"), "correction must be True or False"),
         (lambda: nsg.PSGLD(logistic_model, preconditioner=None), "give step_size"),
         (lambda: nsg.PSGLD(logistic_model, variant="corrected"), "unexpected keyword"),

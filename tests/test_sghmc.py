@@ -197,7 +197,7 @@ def test_kernel_step_matches_blackjax_on_exact_gradients(name, logistic_data):
     eps, alpha = 4e-3, 0.2
     start = jnp.array([0.3, -0.2, 0.1])
     kernel = KERNELS[name](logistic_model, eps, friction=alpha, temperature=1e-30,
-                           subsample_size=500, replace=False, **CLASSIC)
+                           subsample_size=500, minibatch_options={"replace": False}, **CLASSIC)
     mcmc = MCMC(kernel, num_warmup=0, num_samples=50, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), X, y, init_params={"theta": start})
     ours = np.asarray(mcmc.get_samples()["theta"])
@@ -410,7 +410,7 @@ def test_adapted_preconditioner_resets_the_momentum(logistic_data):
         (lambda: nsg.SGNHT(logistic_model, 1e-3, friction=1.5), r"friction must be a scalar in \(0, 1\]"),
         (lambda: nsg.SGHMC(logistic_model, 1e-3, friction=[0.1, 0.2]), "friction must be a scalar"),
         (lambda: nsg.SGHMC(logistic_model, 1e-3, variant="fancy"), "variant must be one of"),
-        (lambda: nsg.SGHMC(logistic_model, 1e-3, variant="corrected", estimate_noise=False),
+        (lambda: nsg.SGHMC(logistic_model, 1e-3, variant="corrected", minibatch_options={"estimate_noise": False}),
          "needs estimate_noise"),
         (lambda: nsg.SGNHT(logistic_model, 1e-3, temperature=0.0), "temperature must be positive"),
         (lambda: nsg.SGNHT(logistic_model, preconditioner=None), "give step_size"),

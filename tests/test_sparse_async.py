@@ -147,8 +147,8 @@ def test_async_with_one_update_and_second_order_is_exact(tiny, point, path):
     X, y = tiny
     # the fast path draws the active block exactly (no step size); the dense path uses MALA
     step_size = 0.05 if path == "generic" else None
-    kernel = nsg.SparseAsync(tiny_model, step_size, variant="async", update_size=1, taylor="second",
-                             async_point=point, fast_path=path)
+    kernel = nsg.SparseAsync(tiny_model, step_size, variant="async", update_size=1,
+                             options={"taylor": "second", "async_point": point, "fast_path": path})
     rows, _ = _final_states(kernel, X, y, 2000, 150, seed=2)
     assert kernel.uses_fast_path == (path == "auto")
     pval, cells = _chi_square(rows, X, y)
@@ -244,7 +244,7 @@ def test_sgld_variant_fast_and_dense_agree_and_chain_methods(tiny):
     probs = {}
     for path, method in (("auto", "parallel"), ("generic", "vectorized")):
         kernel = nsg.SparseAsync(tiny_model, 0.01, variant="sgld", update_size=4, subsample_size=10,
-                                 fast_path=path)
+                                 options={"fast_path": path})
         mcmc = MCMC(kernel, num_warmup=150, num_samples=300, num_chains=2, chain_method=method,
                     progress_bar=False)
         mcmc.run(jax.random.PRNGKey(3), X, y)
@@ -505,7 +505,7 @@ def test_bad_inputs(tiny):
             numpyro.sample("y", dist.Normal(Xb @ th, 1.0), obs=yb)
 
     with pytest.raises(ValueError, match="indicator site 'delta' is not binary"):
-        _run(nsg.SparseAsync(not_binary, indicator="delta"), X, y)
+        _run(nsg.SparseAsync(not_binary, sites={"indicator": "delta"}), X, y)
     with pytest.raises(ValueError, match="No coefficient site"):
         _run(nsg.SparseAsync(no_coef), X, y)
     with pytest.raises(ValueError, match="not of the spike-and-slab form"):
@@ -517,16 +517,16 @@ def test_bad_inputs(tiny):
     with pytest.raises(ValueError, match="variant must be"):
         nsg.SparseAsync(tiny_model, variant="hogwild")
     with pytest.raises(ValueError, match="taylor must be"):
-        nsg.SparseAsync(tiny_model, taylor="third")
+        nsg.SparseAsync(tiny_model, options={"taylor": "third"})
     with pytest.raises(ValueError, match="coefficient='nope' is not a latent site"):
-        _run(nsg.SparseAsync(tiny_model, coefficient="nope"), X, y)
+        _run(nsg.SparseAsync(tiny_model, sites={"coefficient": "nope"}), X, y)
     with pytest.raises(ValueError, match="variant='sgld' needs a subsample plate"):
         _run(nsg.SparseAsync(tiny_model_intercept, variant="sgld"), X, y)
     Xl = (X > 0).astype(np.float32)
     with pytest.raises(ValueError, match="inner='gaussian' needs"):
-        _run(nsg.SparseAsync(ds.sparse_async_logistic_model, inner="gaussian"), X, Xl[:, 0])
+        _run(nsg.SparseAsync(ds.sparse_async_logistic_model, options={"inner": "gaussian"}), X, Xl[:, 0])
     with pytest.raises(ValueError, match="more than max_active = 2"):
-        _run(nsg.SparseAsync(tiny_model, max_active=2), X, y,
+        _run(nsg.SparseAsync(tiny_model, options={"max_active": 2}), X, y,
              init_params={"theta": jnp.ones(8), "delta": jnp.ones(8, jnp.int32)})
 
 
@@ -536,7 +536,7 @@ def test_max_active_overflow_freezes_the_chain_and_is_reported(tiny):
     iteration and the fix."""
     X, y = tiny
     big = (X @ np.ones(8)).astype(np.float32) * 3  # every variable wants in
-    kernel = nsg.SparseAsync(tiny_model, variant="async", update_size=8, max_active=3)
+    kernel = nsg.SparseAsync(tiny_model, variant="async", update_size=8, options={"max_active": 3})
     mcmc = MCMC(kernel, num_warmup=20, num_samples=5, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), X, big)
     assert bool(mcmc.last_state.overflow) and bool(mcmc.last_state.diverging)
@@ -551,43 +551,44 @@ def test_step_size_is_the_second_argument_and_inapplicable_options_raise(tiny):
     """SparseAsync(model, step_size, *, variant=…): an option the chosen variant (or the STEP 1
     move that inner='auto' picks) does not use is an error, not silently ignored."""
     X, y = tiny
-    kernel = nsg.SparseAsync(tiny_model, 0.05, inner="mala")
+    kernel = nsg.SparseAsync(tiny_model, 0.05, options={"inner": "mala"})
     assert kernel.step_size == 0.05 and kernel.variant == "async"
     with pytest.raises(ValueError, match="variant is keyword-only"):
         nsg.SparseAsync(tiny_model, "exact")  # the old positional variant
-    for kw in ({"subsample_size": 10}, {"replace": True}):
+    for kw in ({"subsample_size": 10}, {"minibatch_options": {"replace": True}}):
         for variant in ("exact", "async"):
             with pytest.raises(ValueError, match="applies to variant='sgld'"):
                 nsg.SparseAsync(tiny_model, variant=variant, **kw)
-    for kw in ({"taylor": "first"}, {"async_point": "current"}):
+    for kw in ({"options": {"taylor": "first"}}, {"options": {"async_point": "current"}}):
         with pytest.raises(ValueError, match="applies to the asynchronous update"):
             nsg.SparseAsync(tiny_model, variant="exact", **kw)
     for kw in ({"adapt_step_size": True}, {"target_accept_prob": 0.6}):
         with pytest.raises(ValueError, match="applies to the MALA step"):
             nsg.SparseAsync(tiny_model, 0.01, variant="sgld", **kw)
     with pytest.raises(ValueError, match="inner applies to variant='exact' and 'async'"):
-        nsg.SparseAsync(tiny_model, variant="sgld", inner="mala")
+        nsg.SparseAsync(tiny_model, variant="sgld", options={"inner": "mala"})
     for kw in ({}, {"adapt_step_size": True}, {"target_accept_prob": 0.6}):
         args = (0.1,) if not kw else ()
         with pytest.raises(ValueError, match="exact Gaussian draw"):
-            nsg.SparseAsync(tiny_model, *args, inner="gaussian", **kw)
+            nsg.SparseAsync(tiny_model, *args, options={"inner": "gaussian"}, **kw)
     # inner='auto' picks the exact Gaussian draw here (known at init): a step size is an error
     with pytest.raises(ValueError, match="chosen by inner='auto'"):
         _run(nsg.SparseAsync(tiny_model, 0.1), X, y)
     with pytest.raises(ValueError, match="max_active applies to the GLM fast path"):
-        nsg.SparseAsync(tiny_model, max_active=4, fast_path="generic")
+        nsg.SparseAsync(tiny_model, options={"max_active": 4, "fast_path": "generic"})
     with pytest.raises(ValueError, match="max_active applies to the GLM fast path, which does not"):
-        _run(nsg.SparseAsync(tiny_model_intercept, max_active=4), X, y)
+        _run(nsg.SparseAsync(tiny_model_intercept, options={"max_active": 4}), X, y)
     with pytest.raises(ValueError, match="adapt_step_size=False turns it off"):
-        nsg.SparseAsync(tiny_model, inner="mala", adapt_step_size=False, target_accept_prob=0.6)
+        nsg.SparseAsync(tiny_model, options={"inner": "mala"}, adapt_step_size=False, target_accept_prob=0.6)
     with pytest.raises(ValueError, match="target_accept_prob must lie in"):
-        nsg.SparseAsync(tiny_model, inner="mala", target_accept_prob=1.5)
+        nsg.SparseAsync(tiny_model, options={"inner": "mala"}, target_accept_prob=1.5)
     with pytest.raises(ValueError, match="step_size must be positive"):
-        nsg.SparseAsync(tiny_model, -0.1, inner="mala")
+        nsg.SparseAsync(tiny_model, -0.1, options={"inner": "mala"})
     # options that apply are accepted
-    nsg.SparseAsync(tiny_model, 0.01, variant="sgld", subsample_size=10, replace=False)
-    nsg.SparseAsync(tiny_model, 0.05, variant="exact", inner="mala", adapt_step_size=False)
-    nsg.SparseAsync(tiny_model, variant="async", taylor="second", async_point="excluded", max_active=4)
+    nsg.SparseAsync(tiny_model, 0.01, variant="sgld", subsample_size=10, minibatch_options={"replace": False})
+    nsg.SparseAsync(tiny_model, 0.05, variant="exact", options={"inner": "mala"}, adapt_step_size=False)
+    nsg.SparseAsync(tiny_model, variant="async", options={"taylor": "second", "async_point": "excluded",
+                                                          "max_active": 4})
 
 
 def test_hyperparameters_live_in_the_state_and_step_is_pure(tiny):
@@ -596,7 +597,7 @@ def test_hyperparameters_live_in_the_state_and_step_is_pure(tiny):
     same result); the Robbins–Monro adaptation runs during warmup only.  Checked to fail
     without ``_refresh`` and with adaptation after warmup."""
     X, y = tiny
-    kernel = nsg.SparseAsync(tiny_model, 0.05, inner="mala", update_size=3)
+    kernel = nsg.SparseAsync(tiny_model, 0.05, options={"inner": "mala"}, update_size=3)
     assert kernel.HYPERPARAMETERS == ("step_size",)
     state = kernel.init(jax.random.split(jax.random.PRNGKey(0), 3), 100, None, (X, y), {})
     np.testing.assert_allclose(state.hyper.step_size, 0.05)
@@ -648,7 +649,7 @@ def test_too_large_step_size_diverges_and_the_chain_is_frozen(tiny, path):
     overflows)."""
     X, y = tiny
     kernel = nsg.SparseAsync(tiny_model, 1.0, variant="sgld", update_size=4, subsample_size=10,
-                             fast_path=path)
+                             options={"fast_path": path})
     mcmc = MCMC(kernel, num_warmup=0, num_samples=150, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), X, y, extra_fields=("diverging", "model_size"))
     div = np.asarray(mcmc.get_extra_fields()["diverging"])
@@ -674,7 +675,7 @@ def test_stable_chains_are_not_flagged(tiny):
     far = {"theta": jnp.full(8, 5.0), "delta": jnp.ones(8, jnp.int32)}
     for kernel, kw in ((nsg.SparseAsync(tiny_model, 0.01, variant="sgld", update_size=4,
                                         subsample_size=10), {}),
-                       (nsg.SparseAsync(tiny_model, 0.05, inner="mala", update_size=4),
+                       (nsg.SparseAsync(tiny_model, 0.05, options={"inner": "mala"}, update_size=4),
                         {"init_params": far})):
         mcmc = MCMC(kernel, num_warmup=100, num_samples=200, progress_bar=False)
         mcmc.run(jax.random.PRNGKey(4), X, y, extra_fields=("diverging",), **kw)
@@ -739,7 +740,7 @@ def test_paper_linear_p1000(correlation):
         assert errs["async"] <= 1.2 * errs["exact"] + 0.005, errs
 
 
-@pytest.mark.parametrize("options", [dict(), dict(variant="exact"), dict(fast_path="generic")])
+@pytest.mark.parametrize("options", [dict(), dict(variant="exact"), dict(options={"fast_path": "generic"})])
 def test_init_runs_the_model_at_most_three_times(options):
     """One trace for the structure, one vectorised run of the spike-and-slab checks, and one
     for the fast path's constants (spike, slab, offset in a single vmapped trace; the default

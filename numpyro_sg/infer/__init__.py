@@ -16,5 +16,7 @@
 * :mod:`~numpyro_sg.infer.warmup_options` and :mod:`~numpyro_sg.infer.warmup`: the mode search
   that sets the preconditioner, the control-variate anchor and the chains' starting points;
 * :mod:`~numpyro_sg.infer.multistart`: the mode search's multi-start phase (multimodal
-  posteriors).
+  posteriors);
+* :mod:`~numpyro_sg.infer.options`: the convention of the options objects (a frozen dataclass
+  that an argument takes as ``None``, a dict of fields or an instance).
 """

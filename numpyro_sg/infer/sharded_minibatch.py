@@ -64,7 +64,7 @@ def make_minibatcher(model: Callable, plates, replace: bool, model_args=(), mode
     check_not_parallel(model_args, model_kwargs, traced)
     if not replace:
         raise ValueError("sharded data: each device draws its mini-batch rows with replacement; "
-                         "replace=False is not supported.")
+                         "replace=False is not supported (minibatch_options).")
     mb = ShardedMinibatcher(model, plates, shards)
     mb.check_plate_sizes(model_args, model_kwargs or {})
     return mb

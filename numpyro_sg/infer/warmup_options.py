@@ -10,13 +10,15 @@ from typing import Any
 import numpy as np
 
 from numpyro_sg.infer.curvature import local_modes_below
+from numpyro_sg.infer.options import Options
 from numpyro_sg.infer.progress import interactive
 from numpyro_sg.infer.preconditioner import Preconditioner
 
 
 @dataclass(frozen=True)
-class WarmupOptions:
-    """Settings of the warmup's mode search (see :mod:`numpyro_sg.infer.warmup`).
+class WarmupOptions(Options):
+    """Settings of the warmup's mode search (see :mod:`numpyro_sg.infer.warmup`): the kernels'
+    ``warmup_options`` (``None``, a dict of these fields or an instance: :meth:`~numpyro_sg.infer.options.Options.of`).
 
     :param int optimizer_steps: Adam steps on mini-batches (0 skips the phase); default 500,
         or 2,000 above ``dense_max`` coordinates (where the diagonal Newton refinement cannot
@@ -157,6 +159,9 @@ class WarmupOptions:
     variational_learning_rate: float = 0.02
     progress_bar: bool | None = None
 
+    ARGUMENT = "warmup_options"
+    LABEL = "warmup option"
+
     def __post_init__(self):
         if self.centre not in ("mode", "variational"):
             raise ValueError(f"warmup option centre={self.centre!r}: choose 'mode' or 'variational'.")
@@ -198,21 +203,6 @@ class WarmupOptions:
         to ``dense_max`` coordinates, 256 above), at most the main phase's."""
         size = self.start_batch_size if self.start_batch_size is not None else (None if d <= self.dense_max else 256)
         return {N: b if size is None else min(b, size) for N, b in batches.items()}
-
-    @classmethod
-    def of(cls, value) -> "WarmupOptions":
-        """``value`` as options: ``None`` (defaults), a dict of fields, or options."""
-        if value is None:
-            return cls()
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, dict):
-            unknown = set(value) - {f.name for f in dataclasses.fields(cls)}
-            if unknown:
-                raise ValueError(f"unknown warmup option(s) {sorted(unknown)}; the options are "
-                                 f"{[f.name for f in dataclasses.fields(cls)]}.")
-            return cls(**value)
-        raise TypeError(f"warmup_options must be None, a dict or WarmupOptions; got {value!r}.")
 
 
 @dataclass(frozen=True)

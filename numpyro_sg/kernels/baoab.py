@@ -49,7 +49,7 @@ import numpy as np
 from jax import random
 from jax.flatten_util import ravel_pytree
 
-from numpyro_sg.kernels.base import check_positive
+from numpyro_sg.kernels.options import MINIBATCH_MOVES, check_positive, moved_options
 from numpyro_sg.kernels.core import gradient_init, gradient_state, gradient_step
 from numpyro_sg.kernels.gradient import GradientKernel
 from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
@@ -164,12 +164,13 @@ class BAOAB(GradientKernel):
         for :data:`DEFAULT_FRICTION` (needs a preconditioner: in absolute units γ must match
         the scale of √ε, e.g. γ ≈ 1/√ε).
     :param float temperature: τ (default 1).
-    :param bool estimate_noise: compute the gradient-noise sd τ̂ (the ``grad_noise_sd``
-        field) from per-datum gradients (default ``False``).
+    :param minibatch_options: :class:`~numpyro_sg.kernels.options.MinibatchOptions` (or a dict):
+        ``replace``, ``check_data``, ``estimate_noise`` (the gradient-noise sd τ̂, the
+        ``grad_noise_sd`` field, from per-datum gradients; default off), ``noise_ema_weight``.
 
     The options every gradient kernel shares (``preconditioner``, ``gradient``, ``warmup_options``,
-    ``subsample_size``, ``replace``, ``init_strategy``, ``check_data``, ``noise_ema_weight``) are
-    documented once in :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
+    ``subsample_size``, ``init_strategy``, ``minibatch_options``) are documented once in
+    :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
 
     Extra fields: ``step_size``, ``momentum``, ``kinetic_temperature``, ``grad_noise_sd``,
     ``diverging``.
@@ -205,10 +206,10 @@ class BAOAB(GradientKernel):
     State = BAOABState
     HYPERPARAMETERS = ("step_size", "friction", "temperature")
 
+    @moved_options(MINIBATCH_MOVES)
     def __init__(self, model, step_size=None, *, friction=None, temperature=1.0,
-                 preconditioner="laplace", gradient="cv", estimate_noise=False,
-                 warmup_options=None, subsample_size=None, replace=True, init_strategy=None,
-                 check_data=True, noise_ema_weight=0.1):
+                 preconditioner="laplace", gradient="cv", warmup_options=None, subsample_size=None,
+                 init_strategy=None, minibatch_options=None):
         if step_size is not None and not callable(step_size):
             check_positive("step_size", step_size)
         if friction is None and preconditioner is None:
@@ -225,7 +226,7 @@ class BAOAB(GradientKernel):
         super().__init__(model, step_size, **self.shared(locals()))
         self.friction = DEFAULT_FRICTION if friction is None else float(friction)
         self.temperature = float(temperature)
-        self.estimate_noise = bool(estimate_noise)
+        self._resolve_estimate_noise(False)
 
     functional_step = staticmethod(step)
 

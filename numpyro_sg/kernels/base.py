@@ -3,10 +3,9 @@
 :class:`SGKernel` is the thin NumPyro shell around a kernel's pure step: the ``MCMCKernel``
 contract (``init``, ``sample``, ``postprocess_fn``, fields, diagnostics string), vectorised
 chains (``sample`` ``vmap``-s the pure :meth:`SGKernel.step` over chains), the divergence
-report, and the shared options (``subsample_size``, ``replace``, ``init_strategy``,
-``check_data``).  Every kernel flags a blown-up chain through
-:func:`numpyro_sg.kernels.guard.guarded_update` (``diverging``, collected by NumPyro by
-default, and the iteration in ``guard.diverged_at``); the :class:`DivergenceWarning` naming the
+report, and the shared options (``subsample_size``, ``init_strategy``, ``minibatch_options``).
+Every kernel flags a blown-up chain through :func:`numpyro_sg.kernels.guard.guarded_update`
+(``diverging``, collected by NumPyro by default, and the iteration in ``guard.diverged_at``); the :class:`DivergenceWarning` naming the
 chains and iterations (:meth:`SGKernel.divergence_message`) comes after the run, from
 :func:`numpyro_sg.check_convergence`, :func:`numpyro_sg.to_inference_data` and
 :func:`numpyro_sg.posterior_summary`.  The step holds no host callback: the run clock takes its
@@ -44,6 +43,7 @@ from numpyro_sg.infer.sharding import auto_view, check_not_parallel
 from numpyro_sg.kernels.chain_start import ChainStart, split_init_key
 from numpyro_sg.kernels.data_cache import PerDataCache
 from numpyro_sg.kernels.guard import diverged_iterations
+from numpyro_sg.kernels.options import SAMPLING_MOVES, MinibatchOptions, moved_options
 from numpyro_sg.kernels.progress import ProgressText
 from numpyro_sg.kernels.step_size import step_size_at
 
@@ -69,16 +69,6 @@ def embedded_data_bytes(state, model_args, model_kwargs) -> int:
                if is_data(x) and not isinstance(x, jax.core.Tracer))
 
 
-def check_choice(name, value, choices):
-    """Raise a ValueError naming ``name`` unless ``value`` is one of ``choices``."""
-    if not any(value is c or (isinstance(value, str) and value == c) for c in choices):
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}.")
-
-
-def check_positive(name, value):
-    """Raise a ValueError naming ``name`` unless ``value`` (a number or array) is positive."""
-    if not np.all(np.asarray(value) > 0) or not np.all(np.isfinite(np.asarray(value))):
-        raise ValueError(f"{name} must be positive and finite, got {value!r}.")
 
 
 def program_settings(obj, skip=()) -> tuple | None:
@@ -110,26 +100,28 @@ class SGKernel(ProgressText, MCMCKernel):
     :param subsample_size: mini-batch size n, overriding the plate's own (an int, or a dict
         ``{plate_name: n}`` when there are several plates); the N/n scale follows the size
         actually used.  Must lie in [1, N].
-    :param bool replace: draw indices with replacement (default; O(n) per iteration) or without
-        replacement, walking epochs (a random permutation of the data per epoch).
     :param init_strategy: NumPyro per-site initialisation strategy; ``None`` for the kernel's
         default (see each kernel).
-    :param bool check_data: check at ``init`` that the data to be subsampled are finite.
+    :param minibatch_options: how the mini-batches are drawn and checked: a
+        :class:`~numpyro_sg.kernels.options.MinibatchOptions` or a dict of its fields
+        (``replace``, ``check_data``; the gradient kernels also take ``estimate_noise`` and
+        ``noise_ema_weight``); ``None`` for the defaults.  The keywords ``replace=`` and
+        ``check_data=`` still work, deprecated.
     """
 
     State: type = None  # the kernel's state NamedTuple
     #: names of the hyperparameters held in ``state.hyper`` (see :meth:`replace_hyperparameters`)
     HYPERPARAMETERS: tuple = ()
 
-    def __init__(self, model: Callable, *, subsample_size=None, replace: bool = True,
-                 init_strategy=None, check_data: bool = True):
+    @moved_options(SAMPLING_MOVES)
+    def __init__(self, model: Callable, *, subsample_size=None, init_strategy=None, minibatch_options=None):
         if not callable(model):
             raise TypeError(f"`model` must be a NumPyro model (a callable), got {model!r}.")
         self._model = model
         self._subsample_size = subsample_size
-        self._replace = bool(replace)
         self._init_strategy = init_strategy
-        self._check_data = bool(check_data)
+        #: the :class:`~numpyro_sg.kernels.options.MinibatchOptions` in effect
+        self.minibatch_options = MinibatchOptions.of(minibatch_options)
         self._mb = None
         self._unravel = None
         self._num_warmup = 0

@@ -26,6 +26,7 @@ from functools import partial
 import jax.numpy as jnp
 
 from numpyro_sg.kernels.core import gradient_state, gradient_step
+from numpyro_sg.kernels.options import MINIBATCH_MOVES, moved_options
 from numpyro_sg.kernels.sgld import SGLD, sgld_fields, sgld_move
 from numpyro_sg.kernels.sgld import init as sgld_init
 
@@ -72,6 +73,7 @@ class CyclicalSGLD(SGLD):
     State = CyclicalSGLDState
     functional_step = staticmethod(step)
 
+    @moved_options(MINIBATCH_MOVES)
     def __init__(self, model, step_size=None, *, cycle_length: int = 200, exploration: float = 0.0,
                  **kwargs):
         if not (int(cycle_length) == cycle_length and cycle_length >= 2):

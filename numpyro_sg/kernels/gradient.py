@@ -22,6 +22,7 @@ its functional step (``functional_step``) and that step's options (``step_option
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 import jax
 import jax.numpy as jnp
@@ -41,8 +42,9 @@ from numpyro_sg.infer.preconditioner import (Preconditioner, adapted_preconditio
 from numpyro_sg.infer.progress import warmup_progress
 from numpyro_sg.infer.warmup import ModeFit, WarmupOptions, find_mode
 from numpyro_sg.infer.programs import tree_signature
-from numpyro_sg.kernels.base import SGKernel, check_choice
+from numpyro_sg.kernels.base import SGKernel
 from numpyro_sg.kernels.chain_start import ChainStart, search_trace_key
+from numpyro_sg.kernels.options import MINIBATCH_MOVES, check_choice, moved_options
 from numpyro_sg.kernels.core import gradient_init
 from numpyro_sg.kernels.data_cache import PerDataCache
 from numpyro_sg.locals.fitting import anchor_gradient, log_marginal_batcher
@@ -56,6 +58,7 @@ __all__ = ["GradientKernel"]
 PRECONDITIONERS = ("laplace", "adapt", None)
 #: accepted values of ``gradient``
 GRADIENTS = ("cv", "plain")
+
 
 class GradientKernel(SGKernel):
     """Shell of the gradient-based kernels (SGLD, SGBD, SGHMC, SGNHT, pSGLD, BAOAB; see the module
@@ -72,13 +75,22 @@ class GradientKernel(SGKernel):
         (or a dict of its fields), or a :class:`~numpyro_sg.infer.warmup.ModeFit` computed before (reused as is).
     :param subsample_size: mini-batch size n, overriding the plate's own (an int, or a dict ``{plate_name: n}``
         when there are several plates); the N/n scale follows the size actually used.  Must lie in [1, N].
-    :param bool replace: draw indices with replacement (default; O(n) per iteration) or without replacement,
-        walking epochs (a random permutation of the data per epoch).
     :param init_strategy: NumPyro init strategy; the default ``None`` starts every chain at a draw of the
         Laplace approximation at the mode.  An explicit strategy (or ``init_params``) wins.
-    :param bool check_data: check at ``init`` that the data to be subsampled are finite.
-    :param float noise_ema_weight: β ∈ (0, 1] (default 0.1) of the EMA of the gradient-noise sd,
-        τ̂⁽ᵏ⁾ = (1−β)·τ̂⁽ᵏ⁻¹⁾ + β·τ̂_k.
+    :param minibatch_options: the mini-batch gradient's options, a :class:`~numpyro_sg.kernels.options.MinibatchOptions`
+        or a dict of its fields (``None``: the defaults):
+
+        * ``replace`` (bool): draw indices with replacement (default; O(n) per iteration) or without
+          replacement, walking epochs (a random permutation of the data per epoch);
+        * ``check_data`` (bool): check at ``init`` that the data to be subsampled are finite (default);
+        * ``estimate_noise``: compute the gradient-noise sd τ̂ from per-datum gradients (about one extra
+          gradient evaluation per iteration); ``None`` (default) for the kernel's own default: on where
+          the kernel's variant or step-size adaptation needs τ̂ (see each kernel), off elsewhere;
+        * ``noise_ema_weight`` (float): β ∈ (0, 1] (default 0.1) of the EMA of the gradient-noise sd,
+          τ̂⁽ᵏ⁾ = (1−β)·τ̂⁽ᵏ⁻¹⁾ + β·τ̂_k.
+
+        E.g. ``minibatch_options={"replace": False}``.  The former keywords ``replace=``, ``check_data=``,
+        ``estimate_noise=`` and ``noise_ema_weight=`` still work, with a ``DeprecationWarning``.
 
     Memory per step is O(n·k + d) at any d: the gradient-noise sd τ̂ (when the kernel needs it) comes from
     per-datum gradients only while n·d ≤ 10⁶, else from k ≤ 16 group means (attribute ``noise_groups``,
@@ -87,14 +99,14 @@ class GradientKernel(SGKernel):
     """
 
     #: the keyword arguments every gradient kernel passes to this class's ``__init__``
-    SHARED_OPTIONS = ("preconditioner", "gradient", "warmup_options", "subsample_size", "replace",
-                      "init_strategy", "check_data", "noise_ema_weight")
+    SHARED_OPTIONS = ("preconditioner", "gradient", "warmup_options", "subsample_size", "init_strategy",
+                      "minibatch_options")
 
+    @moved_options(MINIBATCH_MOVES)
     def __init__(self, model, step_size=None, *, preconditioner="laplace", gradient="cv",
-                 warmup_options=None, subsample_size=None, replace=True, init_strategy=None,
-                 check_data=True, noise_ema_weight=0.1):
-        super().__init__(model, subsample_size=subsample_size, replace=replace,
-                         init_strategy=init_strategy, check_data=check_data)
+                 warmup_options=None, subsample_size=None, init_strategy=None, minibatch_options=None):
+        super().__init__(model, subsample_size=subsample_size, init_strategy=init_strategy,
+                         minibatch_options=minibatch_options)
         if not (isinstance(preconditioner, (str, type(None)))):
             preconditioner = np.asarray(preconditioner, dtype=float)
             if preconditioner.ndim not in (1, 2):
@@ -105,11 +117,8 @@ class GradientKernel(SGKernel):
         else:
             check_choice("preconditioner", preconditioner, PRECONDITIONERS + ("an array",))
         check_choice("gradient", gradient, GRADIENTS)
-        if not 0.0 < noise_ema_weight <= 1.0:
-            raise ValueError(f"noise_ema_weight must lie in (0, 1], got {noise_ema_weight}.")
         self.preconditioner = preconditioner
         self.gradient = gradient
-        self.noise_ema_weight = float(noise_ema_weight)
         self._fits = PerDataCache()  # the warmup's ModeFit, once per data set
         if isinstance(warmup_options, ModeFit):
             self._fits.set(warmup_options)
@@ -122,10 +131,29 @@ class GradientKernel(SGKernel):
                 "preconditioner=None give step_size (in the units of the parameters)."
             )
         self.step_size = step_size
-        self.estimate_noise = False
         #: groups k of the gradient-noise estimate τ̂ (``None``: per datum at small n·d, else
         #: up to 16 group means; :func:`numpyro_sg.infer.minibatch.noise_groups`); set before ``run``
         self.noise_groups = None
+
+    @property
+    def estimate_noise(self) -> bool:
+        """Whether the gradient estimate computes τ̂ (``minibatch_options.estimate_noise``, resolved)."""
+        return bool(self.minibatch_options.estimate_noise)
+
+    @property
+    def noise_ema_weight(self) -> float:
+        """β of the EMA of τ̂ (``minibatch_options.noise_ema_weight``)."""
+        return self.minibatch_options.noise_ema_weight
+
+    def _resolve_estimate_noise(self, default: bool, needs: bool = False, why: str = "") -> bool:
+        """Fill in ``minibatch_options.estimate_noise`` (``None``: ``default``); a ValueError
+        starting with ``why`` when the kernel ``needs`` τ̂ and it was turned off."""
+        options = self.minibatch_options
+        value = default if options.estimate_noise is None else options.estimate_noise
+        if needs and not value:
+            raise ValueError(f"{why} estimate_noise=True (minibatch_options={{'estimate_noise': True}}).")
+        self.minibatch_options = dataclasses.replace(options, estimate_noise=bool(value))
+        return bool(value)
 
     @classmethod
     def shared(cls, arguments: dict) -> dict:
@@ -230,13 +258,13 @@ class GradientKernel(SGKernel):
             if model is not self._model or info.latent_in(info.subsample_plates):
                 self._model = model
                 info = trace_model(model, *data, **trace_kwargs)
-            plates = subsample_plates(info, self._subsample_size, check_data=self._check_data,
+            plates = subsample_plates(info, self._subsample_size, check_data=self.minibatch_options.check_data,
                                       model_args=data[0], model_kwargs=data[1])
             if self.estimate_noise and len(plates) > 1:
                 raise ValueError(f"{type(self).__name__} with these settings estimates the gradient noise from "
                                  "per-datum gradients, which needs exactly one subsample plate; the model has "
                                  f"{[p.name for p in plates]}.")
-        self._mb = make_minibatcher(self._model, plates, self._replace, model_args, model_kwargs)
+        self._mb = make_minibatcher(self._model, plates, self.minibatch_options.replace, model_args, model_kwargs)
         self._deterministic_in_plate = info.deterministic_in(p.name for p in plates)
         _, self._unravel = ravel_pytree(info.unconstrained_example())
         if not self._needs_mode(init_params):

@@ -75,7 +75,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_sg.kernels.base import check_positive
+from numpyro_sg.kernels.options import check_positive
 from numpyro_sg.kernels.gradient import GradientKernel
 from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
 
@@ -182,7 +182,7 @@ class MomentumKernel(GradientKernel):
     DEFAULT_FRICTION: float = None
 
     def __init__(self, model, step_size=None, *, friction=None, temperature=1.0,
-                 correct_discretisation=None, estimate_noise=False, shared=None):
+                 correct_discretisation=None, shared=None):
         if step_size is not None and not callable(step_size):
             check_positive("step_size", step_size)
         friction = self.DEFAULT_FRICTION if friction is None else friction
@@ -192,7 +192,6 @@ class MomentumKernel(GradientKernel):
         super().__init__(model, step_size, **shared)
         self.friction = float(friction)
         self.temperature = float(temperature)
-        self.estimate_noise = bool(estimate_noise)
         if correct_discretisation is None:
             correct_discretisation = isinstance(self.preconditioner, str)
         self.correct_discretisation = bool(correct_discretisation)

@@ -44,6 +44,7 @@ make the first steps about 10/|ĝ| times too large.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -53,15 +54,16 @@ import numpy as np
 from jax import random
 from jax.flatten_util import ravel_pytree
 
-from numpyro_sg.kernels.base import check_positive
+from numpyro_sg.kernels.options import MINIBATCH_MOVES, check_positive, moved_options
 from numpyro_sg.kernels.core import gradient_init, gradient_state, gradient_step
 from numpyro_sg.kernels.gradient import GradientKernel
 from numpyro_sg.kernels.moves import ema, langevin_move, langevin_noise_variance
 from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
 from numpyro_sg.infer.curvature import hutchinson_diagonal
+from numpyro_sg.infer.options import Options
 from numpyro_sg.infer.preconditioner import from_working, to_working
 
-__all__ = ["PSGLD", "init", "step"]
+__all__ = ["PSGLD", "RMSpropOptions", "init", "step"]
 
 #: default ε in the working frame of the Laplace preconditioner (docs/kernels.md, "pSGLD")
 DEFAULT_STEP_SIZE = 0.8
@@ -105,6 +107,39 @@ def psgld_update(grad, rms, step_size, noise, *, alpha, damping, temperature=1.0
         drift = drift + temperature * rmsprop_correction(grad, curvature, rms, alpha, damping)
     variance = langevin_noise_variance(step_size * G, temperature, None, correct_discretisation)
     return langevin_move(jnp.zeros_like(grad), drift, step_size, noise, variance), rms, G
+
+
+@dataclass(frozen=True)
+class RMSpropOptions(Options):
+    """pSGLD's RMSprop accumulator: :class:`PSGLD`'s ``rmsprop`` (``None``, a dict of these fields
+    or an instance).
+
+    :param float alpha: α ∈ [0, 1), the decay of the accumulator V (Li et al.: 0.99).
+    :param float damping: λ > 0 in G = 1/(λ + √V) (Li et al.: 10⁻⁵; SGMCMCJax's ``eps``).
+    :param initial: V's start (a float ≥ 0); ``None`` (default): 1 with the ``"laplace"`` or
+        ``"adapt"`` preconditioner (V's value under the Laplace approximation), 0 otherwise
+        (Li et al.).
+
+    >>> RMSpropOptions.of({"alpha": 0.9})
+    RMSpropOptions(alpha=0.9, damping=1e-05, initial=None)
+    """
+
+    alpha: float = 0.99
+    damping: float = 1e-5
+    initial: float | None = None
+
+    ARGUMENT = "rmsprop"
+    LABEL = "RMSprop option"
+
+    def __post_init__(self):
+        if not (np.ndim(self.alpha) == 0 and 0.0 <= float(self.alpha) < 1.0):
+            raise ValueError(f"alpha must be a number in [0, 1), got {self.alpha!r}.")
+        if np.ndim(self.damping) != 0:
+            raise ValueError(f"damping must be a number, got {self.damping!r}.")
+        check_positive("damping", self.damping)
+        initial = self.initial
+        if initial is not None and not (np.ndim(initial) == 0 and np.isfinite(initial) and float(initial) >= 0.0):
+            raise ValueError(f"initial (RMSprop's V at the start) must be a finite number ≥ 0 (or None), got {initial!r}.")
 
 
 class PSGLDHyper(NamedTuple):
@@ -188,23 +223,26 @@ class PSGLD(GradientKernel):
     :param step_size: ε > 0 in the working frame: a float, an array with one entry per
         unconstrained coordinate, or a schedule (callable t ↦ ε_t); ``None`` (default) for
         :data:`DEFAULT_STEP_SIZE` (needs a preconditioner).
-    :param float alpha: α ∈ [0, 1), the decay of RMSprop's accumulator (Li et al.: 0.99).
-    :param float damping: λ > 0 in G = 1/(λ + √V) (Li et al.: 10⁻⁵; SGMCMCJax's ``eps``).
+    :param rmsprop: the RMSprop accumulator's options, a :class:`RMSpropOptions` or a dict of its
+        fields: ``alpha`` α ∈ [0, 1), its decay (Li et al.: 0.99); ``damping`` λ > 0 in
+        G = 1/(λ + √V) (Li et al.: 10⁻⁵; SGMCMCJax's ``eps``); ``initial``, V's start (a float
+        ≥ 0; default ``None``: 1 with the ``"laplace"`` or ``"adapt"`` preconditioner, V's value
+        under the Laplace approximation, 0 otherwise, as Li et al.).  α and λ are held in the
+        state (hyperparameters ``alpha`` and ``damping``).  The keywords ``alpha=``,
+        ``damping=`` and ``rms_init=`` still work, deprecated.
     :param bool correction: add Li et al.'s Γ term (default ``False``, as they recommend);
         costs one Hessian-vector product per iteration (Hutchinson estimate of the diagonal
         curvature on a fresh mini-batch).
-    :param rms_init: initial V (a float ≥ 0); default ``None``: 1 with the ``"laplace"`` or
-        ``"adapt"`` preconditioner (V's value under the Laplace approximation), 0 otherwise
-        (Li et al.).
     :param float temperature: τ (default 1).
     :param correct_discretisation: inject ε·τ·G·(1 − ε·G/4) instead of ε·τ·G (default: on with
         the ``"laplace"``/``"adapt"`` preconditioner, off otherwise).
-    :param bool estimate_noise: compute the gradient-noise sd τ̂ (the ``grad_noise_sd``
-        field) from per-datum gradients (default ``False``).
+    :param minibatch_options: :class:`~numpyro_sg.kernels.options.MinibatchOptions` (or a dict):
+        ``replace``, ``check_data``, ``estimate_noise`` (the gradient-noise sd τ̂, the
+        ``grad_noise_sd`` field, from per-datum gradients; default off), ``noise_ema_weight``.
 
     The options every gradient kernel shares (``preconditioner``, ``gradient``, ``warmup_options``,
-    ``subsample_size``, ``replace``, ``init_strategy``, ``check_data``, ``noise_ema_weight``) are
-    documented once in :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
+    ``subsample_size``, ``init_strategy``, ``minibatch_options``) are documented once in
+    :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
 
     Extra fields: ``step_size``, ``rms``, ``rms_scale``, ``curvature``, ``grad_noise_sd``,
     ``diverging``.
@@ -240,35 +278,43 @@ class PSGLD(GradientKernel):
     State = PSGLDState
     HYPERPARAMETERS = ("step_size", "temperature", "alpha", "damping")
 
-    def __init__(self, model, step_size=None, *, alpha=0.99, damping=1e-5, correction=False,
-                 rms_init=None, temperature=1.0, preconditioner="laplace", gradient="cv",
-                 correct_discretisation=None, estimate_noise=False, warmup_options=None,
-                 subsample_size=None, replace=True, init_strategy=None, check_data=True,
-                 noise_ema_weight=0.1):
+    @moved_options(MINIBATCH_MOVES | {"alpha": ("rmsprop", "alpha"), "damping": ("rmsprop", "damping"),
+                                      "rms_init": ("rmsprop", "initial")})
+    def __init__(self, model, step_size=None, *, rmsprop=None, correction=False, temperature=1.0,
+                 preconditioner="laplace", gradient="cv", correct_discretisation=None, warmup_options=None,
+                 subsample_size=None, init_strategy=None, minibatch_options=None):
         if step_size is not None and not callable(step_size):
             check_positive("step_size", step_size)
-        if not (np.ndim(alpha) == 0 and 0.0 <= float(alpha) < 1.0):
-            raise ValueError(f"alpha must be a number in [0, 1), got {alpha!r}.")
-        if np.ndim(damping) != 0:
-            raise ValueError(f"damping must be a number, got {damping!r}.")
-        check_positive("damping", damping)
+        rmsprop = RMSpropOptions.of(rmsprop)
         check_positive("temperature", temperature)
         if not isinstance(correction, bool):
             raise TypeError(f"correction must be True or False, got {correction!r}.")
-        if rms_init is not None and not (np.ndim(rms_init) == 0 and np.isfinite(rms_init)
-                                         and float(rms_init) >= 0.0):
-            raise ValueError(f"rms_init must be a finite number ≥ 0 (or None), got {rms_init!r}.")
         super().__init__(model, step_size, **self.shared(locals()))
-        self.alpha = float(alpha)
-        self.damping = float(damping)
+        #: the :class:`RMSpropOptions` (α and λ also in the state's hyperparameters)
+        self.rmsprop = rmsprop
         self.temperature = float(temperature)
         self.correction = correction
-        laplace = isinstance(self.preconditioner, str)
-        self.rms_init = (1.0 if laplace else 0.0) if rms_init is None else float(rms_init)
-        self.estimate_noise = bool(estimate_noise)
+        self._resolve_estimate_noise(False)
         if correct_discretisation is None:
-            correct_discretisation = laplace
+            correct_discretisation = isinstance(self.preconditioner, str)
         self.correct_discretisation = bool(correct_discretisation)
+
+    @property
+    def alpha(self) -> float:
+        """α, RMSprop's decay (``rmsprop.alpha``)."""
+        return float(self.rmsprop.alpha)
+
+    @property
+    def damping(self) -> float:
+        """λ in G = 1/(λ + √V) (``rmsprop.damping``)."""
+        return float(self.rmsprop.damping)
+
+    @property
+    def rms_init(self) -> float:
+        """V's start: ``rmsprop.initial``, or its default (1 with the Laplace preconditioner, else 0)."""
+        if self.rmsprop.initial is None:
+            return 1.0 if isinstance(self.preconditioner, str) else 0.0
+        return float(self.rmsprop.initial)
 
     functional_step = staticmethod(step)
 

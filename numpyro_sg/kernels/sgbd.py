@@ -37,9 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import random
 
-from numpyro_sg.kernels.base import check_choice
 from numpyro_sg.kernels.core import gradient_init, gradient_state, gradient_step
 from numpyro_sg.kernels.gradient import GradientKernel
+from numpyro_sg.kernels.options import MINIBATCH_MOVES, check_choice, moved_options
 
 __all__ = ["SGBD", "init", "step"]
 
@@ -196,11 +196,13 @@ class SGBD(GradientKernel):
         plain gradients: with control variates τ̂ is small and the adapted σ large.
     :param correct_discretisation: use c = 1 + σ²/4 (default: on with the
         ``"laplace"``/``"adapt"`` preconditioner).
-    :param bool estimate_noise: compute τ̂ (default: when the variant or adaptation needs it).
+    :param minibatch_options: :class:`~numpyro_sg.kernels.options.MinibatchOptions` (or a dict):
+        ``replace``, ``check_data``, ``estimate_noise`` (τ̂; default: when the variant or adaptation
+        needs it), ``noise_ema_weight``.
 
     The options every gradient kernel shares (``preconditioner``, ``gradient``, ``warmup_options``,
-    ``subsample_size``, ``replace``, ``init_strategy``, ``check_data``, ``noise_ema_weight``) are
-    documented once in :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
+    ``subsample_size``, ``init_strategy``, ``minibatch_options``) are documented once in
+    :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
 
     Extra fields: ``step_size``, ``grad_noise_sd``, ``frac_past_breaking_point``, ``diverging``.
 
@@ -236,10 +238,10 @@ class SGBD(GradientKernel):
     VARIANTS = ("vanilla", "corrected", "extreme")
     ADAPT = (False, True, "always")
 
+    @moved_options(MINIBATCH_MOVES)
     def __init__(self, model, step_size=None, *, variant="corrected", adapt_step_size=False,
                  preconditioner="laplace", gradient="cv", correct_discretisation=None,
-                 estimate_noise=None, warmup_options=None, subsample_size=None, replace=True,
-                 init_strategy=None, check_data=True, noise_ema_weight=0.1):
+                 warmup_options=None, subsample_size=None, init_strategy=None, minibatch_options=None):
         check_choice("variant", variant, self.VARIANTS)
         check_choice("adapt_step_size", adapt_step_size, self.ADAPT)
         if step_size is not None:
@@ -252,9 +254,7 @@ class SGBD(GradientKernel):
         self.variant = variant
         self.adapt_step_size = adapt_step_size
         needs = variant == "corrected" or bool(adapt_step_size)
-        self.estimate_noise = needs if estimate_noise is None else bool(estimate_noise)
-        if needs and not self.estimate_noise:
-            raise ValueError("variant='corrected' and adapt_step_size need estimate_noise=True.")
+        self._resolve_estimate_noise(needs, needs=needs, why="variant='corrected' and adapt_step_size need")
         if correct_discretisation is None:
             correct_discretisation = isinstance(self.preconditioner, str)
         self.correct_discretisation = bool(correct_discretisation)

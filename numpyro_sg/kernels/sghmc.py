@@ -21,10 +21,10 @@ import jax.numpy as jnp
 from jax import random
 from jax.flatten_util import ravel_pytree
 
-from numpyro_sg.kernels.base import check_choice
 from numpyro_sg.kernels.core import gradient_init, gradient_state, gradient_step
 from numpyro_sg.kernels.momentum import (MomentumKernel, momentum_fields, momentum_hyperparameters, momentum_update,
                                          sghmc_noise_variance)
+from numpyro_sg.kernels.options import MINIBATCH_MOVES, check_choice, moved_options
 from numpyro_sg.kernels.sgld import DEFAULT_STEP_SIZE as SGLD_DEFAULT_STEP_SIZE
 
 __all__ = ["SGHMC", "init", "step"]
@@ -103,11 +103,13 @@ class SGHMC(MomentumKernel):
     :param float temperature: τ (default 1).
     :param correct_discretisation: multiply the injected variance by (1 − η/(4 − 2α))
         (default: on with the ``"laplace"``/``"adapt"`` preconditioner, off otherwise).
-    :param bool estimate_noise: compute τ̂ (default: only when the variant needs it).
+    :param minibatch_options: :class:`~numpyro_sg.kernels.options.MinibatchOptions` (or a dict):
+        ``replace``, ``check_data``, ``estimate_noise`` (τ̂; default: only when the variant needs
+        it), ``noise_ema_weight``.
 
     The options every gradient kernel shares (``preconditioner``, ``gradient``, ``warmup_options``,
-    ``subsample_size``, ``replace``, ``init_strategy``, ``check_data``, ``noise_ema_weight``) are
-    documented once in :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
+    ``subsample_size``, ``init_strategy``, ``minibatch_options``) are documented once in
+    :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
 
     Extra fields: ``step_size`` (ε), ``momentum`` (flat, working frame), ``momentum_norm``,
     ``grad_noise_sd``, ``diverging``.
@@ -145,19 +147,16 @@ class SGHMC(MomentumKernel):
     DEFAULT_FRICTION = DEFAULT_FRICTION
     VARIANTS = ("vanilla", "corrected")
 
+    @moved_options(MINIBATCH_MOVES)
     def __init__(self, model, step_size=None, *, friction=None, variant="vanilla",
                  temperature=1.0, preconditioner="laplace", gradient="cv",
-                 correct_discretisation=None, estimate_noise=None, warmup_options=None,
-                 subsample_size=None, replace=True, init_strategy=None, check_data=True,
-                 noise_ema_weight=0.1):
+                 correct_discretisation=None, warmup_options=None, subsample_size=None,
+                 init_strategy=None, minibatch_options=None):
         check_choice("variant", variant, self.VARIANTS)
-        needs = variant == "corrected"
-        if needs and estimate_noise is False:
-            raise ValueError("variant='corrected' needs estimate_noise=True.")
         super().__init__(model, step_size, friction=friction, temperature=temperature,
-                         correct_discretisation=correct_discretisation,
-                         estimate_noise=needs if estimate_noise is None else estimate_noise,
-                         shared=self.shared(locals()))
+                         correct_discretisation=correct_discretisation, shared=self.shared(locals()))
+        needs = variant == "corrected"
+        self._resolve_estimate_noise(needs, needs=needs, why="variant='corrected' needs")
         self.variant = variant
 
     functional_step = staticmethod(step)

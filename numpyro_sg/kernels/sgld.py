@@ -35,9 +35,9 @@ import jax.numpy as jnp
 from jax import random
 from jax.flatten_util import ravel_pytree
 
-from numpyro_sg.kernels.base import check_choice, check_positive
 from numpyro_sg.kernels.core import gradient_init, gradient_state, gradient_step
 from numpyro_sg.kernels.gradient import GradientKernel
+from numpyro_sg.kernels.options import MINIBATCH_MOVES, check_choice, check_positive, moved_options
 from numpyro_sg.kernels.moves import langevin_move, langevin_noise_variance
 from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
 
@@ -136,12 +136,13 @@ class SGLD(GradientKernel):
     :param float temperature: τ (default 1).
     :param correct_discretisation: inject ε·τ·(1 − ε/4) instead of ε·τ (default: on with the
         ``"laplace"``/``"adapt"`` preconditioner, off otherwise).
-    :param bool estimate_noise: compute τ̂ from per-datum gradients (default: only when the
-        variant needs it; costs about one extra gradient evaluation per iteration).
+    :param minibatch_options: :class:`~numpyro_sg.kernels.options.MinibatchOptions` (or a dict):
+        ``replace``, ``check_data``, ``estimate_noise`` (τ̂ from per-datum gradients; default: only
+        when the variant needs it), ``noise_ema_weight``.
 
     The options every gradient kernel shares (``preconditioner``, ``gradient``, ``warmup_options``,
-    ``subsample_size``, ``replace``, ``init_strategy``, ``check_data``, ``noise_ema_weight``) are
-    documented once in :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
+    ``subsample_size``, ``init_strategy``, ``minibatch_options``) are documented once in
+    :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
 
     Extra fields: ``step_size``, ``grad_noise_sd``, ``diverging``.
 
@@ -177,10 +178,10 @@ class SGLD(GradientKernel):
     HYPERPARAMETERS = ("step_size", "temperature")
     VARIANTS = ("vanilla", "corrected")
 
+    @moved_options(MINIBATCH_MOVES)
     def __init__(self, model, step_size=None, *, variant="vanilla", temperature=1.0,
                  preconditioner="laplace", gradient="cv", correct_discretisation=None,
-                 estimate_noise=None, warmup_options=None, subsample_size=None, replace=True,
-                 init_strategy=None, check_data=True, noise_ema_weight=0.1):
+                 warmup_options=None, subsample_size=None, init_strategy=None, minibatch_options=None):
         check_choice("variant", variant, self.VARIANTS)
         if step_size is not None and not callable(step_size):
             check_positive("step_size", step_size)
@@ -188,9 +189,8 @@ class SGLD(GradientKernel):
         super().__init__(model, step_size, **self.shared(locals()))
         self.variant = variant
         self.temperature = float(temperature)
-        self.estimate_noise = (variant == "corrected") if estimate_noise is None else bool(estimate_noise)
-        if variant == "corrected" and not self.estimate_noise:
-            raise ValueError("variant='corrected' needs estimate_noise=True.")
+        corrected = variant == "corrected"
+        self._resolve_estimate_noise(corrected, needs=corrected, why="variant='corrected' needs")
         if correct_discretisation is None:
             correct_discretisation = isinstance(self.preconditioner, str)
         self.correct_discretisation = bool(correct_discretisation)

@@ -24,6 +24,7 @@ from jax.flatten_util import ravel_pytree
 from numpyro_sg.kernels.core import gradient_init, gradient_state, gradient_step
 from numpyro_sg.kernels.momentum import (MomentumKernel, momentum_fields, momentum_hyperparameters, momentum_update,
                                          sghmc_noise_variance, thermostat_update)
+from numpyro_sg.kernels.options import MINIBATCH_MOVES, moved_options
 from numpyro_sg.kernels.sghmc import STATE_DOC
 
 __all__ = ["SGNHT", "init", "step"]
@@ -116,12 +117,13 @@ class SGNHT(MomentumKernel):
     :param float temperature: τ (default 1).
     :param correct_discretisation: measure the kinetic energy as (1 − ζ/2)·v² (default: on with
         the ``"laplace"``/``"adapt"`` preconditioner, off otherwise).
-    :param bool estimate_noise: compute τ̂ to monitor it (``grad_noise_sd``; the update does not
-        use it).
+    :param minibatch_options: :class:`~numpyro_sg.kernels.options.MinibatchOptions` (or a dict):
+        ``replace``, ``check_data``, ``estimate_noise`` (compute τ̂ to monitor it,
+        ``grad_noise_sd``; the update does not use it; default off), ``noise_ema_weight``.
 
     The options every gradient kernel shares (``preconditioner``, ``gradient``, ``warmup_options``,
-    ``subsample_size``, ``replace``, ``init_strategy``, ``check_data``, ``noise_ema_weight``) are
-    documented once in :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
+    ``subsample_size``, ``init_strategy``, ``minibatch_options``) are documented once in
+    :class:`~numpyro_sg.kernels.gradient.GradientKernel`.
 
     Extra fields: ``step_size`` (ε), ``momentum``, ``momentum_norm``, ``thermostat`` (ζ),
     ``grad_noise_sd``, ``diverging``.  Replacing ``friction`` (tuning) restarts ζ at the new a.
@@ -150,13 +152,13 @@ class SGNHT(MomentumKernel):
     DEFAULT_STEP_SIZE = SGNHT_DEFAULT_STEP_SIZE
     DEFAULT_FRICTION = SGNHT_DEFAULT_FRICTION
 
+    @moved_options(MINIBATCH_MOVES)
     def __init__(self, model, step_size=None, *, friction=None, temperature=1.0,
                  preconditioner="laplace", gradient="cv", correct_discretisation=None,
-                 estimate_noise=False, warmup_options=None, subsample_size=None, replace=True,
-                 init_strategy=None, check_data=True, noise_ema_weight=0.1):
+                 warmup_options=None, subsample_size=None, init_strategy=None, minibatch_options=None):
         super().__init__(model, step_size, friction=friction, temperature=temperature,
-                         correct_discretisation=correct_discretisation,
-                         estimate_noise=estimate_noise, shared=self.shared(locals()))
+                         correct_discretisation=correct_discretisation, shared=self.shared(locals()))
+        self._resolve_estimate_noise(False)
 
     functional_step = staticmethod(step)
 

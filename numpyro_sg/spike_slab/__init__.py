@@ -88,6 +88,7 @@ makes a failed detection an error that says why.
 * :mod:`numpyro_sg.spike_slab.checks` — the numerical structure, per-coordinate-prior and
   GLM-affinity checks, in one vectorised model run;
 * :mod:`numpyro_sg.spike_slab.discovery` — :func:`find_spike_slab`;
+* :mod:`numpyro_sg.spike_slab.sites` — :class:`SpikeSlabSites`, the kernels' ``sites``;
 * :mod:`numpyro_sg.spike_slab.initial` — starting values (:func:`init_to_spike`,
   :func:`start_fn`, :func:`initial_values`) and output names (:func:`site_types`,
   :func:`effective_site_name`).
@@ -102,6 +103,7 @@ from numpyro_sg.spike_slab.initial import (  # noqa: F401
     site_types,
     start_fn,
 )
+from numpyro_sg.spike_slab.sites import SpikeSlabSites
 from numpyro_sg.spike_slab.structure import (  # noqa: F401
     CoordinateNormal,
     CoordinatePrior,
@@ -110,4 +112,4 @@ from numpyro_sg.spike_slab.structure import (  # noqa: F401
 )
 
 __all__ = ["find_spike_slab", "SpikeSlab", "SpikeSlabError", "GLMFamily", "GLM_FAMILIES",
-           "init_to_spike"]
+           "init_to_spike", "SpikeSlabSites"]

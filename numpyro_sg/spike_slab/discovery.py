@@ -48,12 +48,12 @@ def _find_indicator(info: ModelInfo, latent: dict, indicator):
                 "γ ∈ {0,1}^p (e.g. `numpyro.sample('gamma', dist.Bernoulli(0.1).expand([p])"
                 ".to_event(1))`)"
                 + (f"; its discrete sites {discrete} are not binary" if discrete else "")
-                + ". Pass indicator='name' if it exists."
+                + ". Pass indicator='name' (a kernel's sites={'indicator': 'name'}) if it exists."
             )
         if len(binary) > 1:
             raise SpikeSlabError(
                 f"Several binary latent sites {binary} could be the indicator: pass "
-                "indicator='name' (and coefficient='name')."
+                "indicator='name' (and coefficient='name'; a kernel's sites={'indicator': 'name', …})."
             )
         indicator = binary[0]
     else:
@@ -112,12 +112,13 @@ def _find_coefficient(model, model_args, model_kwargs, others: dict, indicator, 
                 f"No coefficient site found: the model needs a latent real-valued site θ of "
                 f"shape ({p},) (the indicator {indicator!r} has {p} entries) whose product with "
                 f"the indicator enters the likelihood; its continuous latent sites are "
-                f"{ {n: s.shape for n, s in others.items()} }. Pass coefficient='name'."
+                f"{ {n: s.shape for n, s in others.items()} }. Pass coefficient='name' "
+                "(a kernel's sites={'coefficient': 'name'})."
             )
         if len(cands) > 1:
             raise SpikeSlabError(
                 f"Several latent sites {cands} could be the coefficient site: pass "
-                "coefficient='name'."
+                "coefficient='name' (a kernel's sites={'coefficient': 'name'})."
             )
         return cands[0]
     if coefficient not in others:

@@ -157,5 +157,6 @@ def effective_site_name(ss: SpikeSlab, existing: dict, requested=None) -> str:
     if requested is None:
         return "beta" if existing.get("beta", "deterministic") == "deterministic" else f"{ss.coefficient}_eff"
     if existing.get(requested, "deterministic") != "deterministic":
-        raise ValueError(f"effective_name={requested!r} is already a {existing[requested]} site of the model.")
+        raise ValueError(f"sites={{'effective': {requested!r}}} (the output name of θ·γ) is already a "
+                         f"{existing[requested]} site of the model.")
     return requested

@@ -3,6 +3,7 @@ its state share one ``vmap``-ed, compiled program of the kernel's pure ``step``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
@@ -43,12 +44,22 @@ def _same(a, b) -> bool:
         return False
 
 
+def _without(value, names):
+    """An options object (a dataclass, e.g. ESGLD's settings holding ``temperature``) as its
+    fields but ``names``, the hyperparameters held in the state, by which the arms may differ;
+    any other value as it is."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return tuple((f.name, _without(getattr(value, f.name), names))
+                     for f in dataclasses.fields(value) if f.name not in names)
+    return value
+
+
 def vectorisable(kernels: list, arms: list[dict]) -> tuple:
     """Names of the hyperparameters by which these kernels may differ inside one batch.
 
     Only names among the kernel's state hyperparameters (``kernel.HYPERPARAMETERS``, e.g.
     ``step_size`` and ``temperature``) with real scalar values qualify; every other instance
-    attribute must be equal across the kernels.  Returns ``()`` when the kernels cannot share
+    attribute must be equal across the kernels (an options object's fields but these names).  Returns ``()`` when the kernels cannot share
     a batch.
 
     :param kernels: the arms' kernels (one per arm).
@@ -66,7 +77,7 @@ def vectorisable(kernels: list, arms: list[dict]) -> tuple:
         if set(attrs) != set(first):
             return ()
         for key, value in first.items():
-            if key not in names and not _same(value, attrs[key]):
+            if key not in names and not _same(_without(value, names), _without(attrs[key], names)):
                 return ()
     return names
 
@@ -192,12 +203,28 @@ class Batch:
 
 
 
+def lifted(arm: dict, state_names) -> dict:
+    """An arm's keywords with the state hyperparameters given inside an options dict lifted to
+    the top (``options={"temperature": t}`` → ``temperature``; ``rmsprop={"alpha": a}`` →
+    ``alpha``), so that such arms share a batch too."""
+    out = {}
+    for key, value in arm.items():
+        if isinstance(value, dict) and any(field in state_names for field in value):
+            out.update({f: v for f, v in value.items() if f in state_names})
+            rest = {f: v for f, v in value.items() if f not in state_names}
+            if rest:
+                out[key] = rest
+        else:
+            out[key] = value
+    return out
+
+
 def make_batches(kernels, arms, vectorize, rng_key, init_params, model_args, model_kwargs, thin):
     """The arms grouped into :class:`Batch` es (initialised kernel states, not yet compiled).
 
     With ``vectorize``, arms of one kernel class whose other keywords are equal and whose
-    kernels differ only in state hyperparameters (:func:`vectorisable`) share a batch; every
-    other arm gets its own.
+    kernels differ only in state hyperparameters (:func:`vectorisable`; also given inside an
+    options dict, :func:`lifted`) share a batch; every other arm gets its own.
 
     :param kernels: one kernel per arm.
     :param arms: the arms' keyword dicts.
@@ -211,6 +238,7 @@ def make_batches(kernels, arms, vectorize, rng_key, init_params, model_args, mod
     :return: a list of :class:`Batch`.
     """
     groups: list[tuple] = []  # (arm indices, names of the values by which they differ)
+    arms = [lifted(arm, getattr(kernel, "HYPERPARAMETERS", ())) for arm, kernel in zip(arms, kernels)]
     if vectorize:
         by_key: dict = {}
         for i, arm in enumerate(arms):

@@ -52,6 +52,7 @@ the mini-batch.  Nothing is O(N) per iteration (but the default's anchors, O(N·
 """
 
 from numpyro_sg.kernels.esgld.kernel import ESGLD
+from numpyro_sg.kernels.esgld.options import ESGLDOptions
 from numpyro_sg.kernels.esgld.paper import (  # noqa: F401
     IndicatorTarget,
     acceptance_probability,
@@ -66,4 +67,4 @@ from numpyro_sg.kernels.esgld.weights import (  # noqa: F401
     resolve_proposal_weights,
 )
 
-__all__ = ["ESGLD"]
+__all__ = ["ESGLD", "ESGLDOptions"]

@@ -3,7 +3,7 @@ r"""The :class:`ESGLD` kernel: the NumPyro shell (init, the pure step, selection
 from __future__ import annotations
 
 import functools
-from dataclasses import fields, replace
+from dataclasses import replace
 
 import jax
 import jax.numpy as jnp
@@ -15,11 +15,13 @@ from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.infer.sharded_minibatch import ShardedMinibatcher
 from numpyro_sg.infer.sharding import auto_view, eager_under_trace, find_data_shards
 from numpyro_sg.kernels.esgld.sharded import shard_setup, sharded_minibatcher
-from numpyro_sg.kernels.base import SGKernel, check_positive
+from numpyro_sg.kernels.base import SGKernel
 from numpyro_sg.kernels.chain_start import ChainStart
+from numpyro_sg.kernels.options import SAMPLING_MOVES, SITE_MOVES, MinibatchOptions, check_positive, moved_options
 from numpyro_sg.kernels.esgld.options import (
     DEFAULT_WEIGHT_ROWS,
     ESGLDOptions,
+    ESGLDSettings,
     ESGLDSetup,
     anchor_applies,
     anchor_iterations,
@@ -29,7 +31,7 @@ from numpyro_sg.kernels.esgld.options import (
 from numpyro_sg.kernels.esgld.step import ESGLDState, esgld_initial_state, esgld_step
 from numpyro_sg.kernels.esgld.warmup import coefficient_index, initial_mode, start_at_mode
 from numpyro_sg.kernels.esgld.weights import proposal_weights, resolve_proposal_weights
-from numpyro_sg.spike_slab import SpikeSlab, effective_site_name, find_spike_slab, start_fn
+from numpyro_sg.spike_slab import SpikeSlab, SpikeSlabSites, effective_site_name, find_spike_slab, start_fn
 
 
 class ESGLD(SGKernel):
@@ -90,7 +92,7 @@ class ESGLD(SGKernel):
         surrogate of every flip, exact MH on the control-variate estimate;
         :func:`~numpyro_sg.kernels.esgld.informed.informed_indicator_chain`), ``"paper"`` (the
         weighted birth / death / exchange moves of the paper's supplement §3 with
-        ``proposal_weights``), or an array of p weights (the paper's moves with these weights).
+        ``options["proposal_weights"]``), or an array of p weights (the paper's moves with these weights).
     :param gradient: ``"auto"`` (``"cv"`` where ``"informed"`` applies, else ``"plain"``),
         ``"cv"`` (control-variate gradient around the anchor, at the last model γ_m) or
         ``"plain"`` (the paper's model-averaged mini-batch gradient).
@@ -105,46 +107,40 @@ class ESGLD(SGKernel):
         for a non-Gaussian likelihood, again at iteration 100 at the chain's current β:
         :func:`~numpyro_sg.kernels.esgld.options.anchor_iterations`; O(N·p²) each, p² floats of
         memory).
-    :param proposal_weights: ``"auto"`` (``"correlation"`` for a Gaussian GLM likelihood,
-        ``"deviance"`` for other GLMs, ``"uniform"`` otherwise), ``"correlation"``
-        (w_j = exp(abs(corr(y, x_j)) − 1)), ``"deviance"`` (w_j = exp(−(d_j − min d)/(5·sd d) −
-        0.1), d_j the one-variable GLM deviance), both on the first ``weight_rows`` rows,
-        ``"uniform"`` (w_j = ½) or an array of p weights in (0, 1).
-    :param bool flip_sign: flip θ_j's sign with probability ½ when j enters or leaves
-        (default, as in the paper).
-    :param mh_correction: ``None`` (plain mini-batch acceptance, as in the paper) or
-        ``"penalty"`` (subtract half the estimated variance of the mini-batch log-likelihood
-        difference — of the control-variate remainder with the anchor — from the log
-        acceptance ratio).  Automatic rule: no penalty during the warmup (the search), the full
-        penalty after it.  An error with a full batch (n = N), where there is no noise to
-        correct.
-    :param float temperature: τ (default 1).
-    :param indicator: name of the indicator site (found automatically when omitted).
-    :param coefficient: name of the coefficient site (found automatically when omitted).
-    :param fast_path: ``"auto"`` (GLM fast path when the likelihood is a GLM), ``"glm"``
-        (require it) or ``"generic"`` (evaluate the model for every proposal).
-    :param effective_name: name of the output β = θ·γ (default ``"beta"``, or
-        ``"<coefficient>_eff"`` if the model has a non-deterministic site called ``beta``);
-        a deterministic site of the model with that name is used as is.
-    :param str inclusion_name: name of the output inclusion frequency (default
-        ``"inclusion"``).
-    :param weight_rows: rows used to compute data-based proposal weights (default
-        :data:`~numpyro_sg.kernels.esgld.options.DEFAULT_WEIGHT_ROWS` = 20,000); an error with
-        weights that read no data.
     :param subsample_size: mini-batch size n, as for every kernel; n = N means full-batch: every
         iteration uses all N data (no noise).
     :param init_strategy: NumPyro init strategy for the continuous sites (run with γ = 0);
         default :func:`~numpyro_sg.spike_slab.init_to_spike` (θ from the spike, which the
         paper's search needs).
+    :param sites: the site names, a :class:`~numpyro_sg.spike_slab.SpikeSlabSites` or a dict of
+        its fields: ``indicator`` and ``coefficient`` (found automatically when omitted),
+        ``effective`` (output name of β = θ·γ; default ``"beta"``, or ``"<coefficient>_eff"`` if
+        the model has a non-deterministic site called ``beta``; a deterministic site of the
+        model with that name is used as is) and ``inclusion`` (output name of the inclusion
+        frequency, default ``"inclusion"``).
+    :param options: the other options, an :class:`~numpyro_sg.kernels.esgld.options.ESGLDOptions`
+        or a dict of its fields: ``proposal_weights`` (the paper's moves' weights: ``"auto"``,
+        ``"correlation"``, ``"deviance"``, ``"uniform"`` or an array), ``flip_sign``,
+        ``mh_correction`` (``None`` or ``"penalty"``), ``fast_path`` (``"auto"``, ``"glm"`` or
+        ``"generic"``), ``weight_rows`` (data rows read by data-based weights, default
+        :data:`~numpyro_sg.kernels.esgld.options.DEFAULT_WEIGHT_ROWS` = 20,000) and
+        ``temperature`` τ (default 1); each documented in
+        :class:`~numpyro_sg.kernels.esgld.options.ESGLDOptions`.
+    :param minibatch_options: ``replace`` and ``check_data`` of
+        :class:`~numpyro_sg.kernels.options.MinibatchOptions` (or a dict of them; the fields of
+        the gradient estimate's noise do not apply), documented in
+        :class:`~numpyro_sg.kernels.base.SGKernel`.
 
-    ``subsample_size``, ``replace`` and ``check_data``, options every kernel shares, are
-    documented once in :class:`~numpyro_sg.kernels.base.SGKernel`.
+    The former keywords (``indicator=``, ``coefficient=``, ``effective_name=``,
+    ``inclusion_name=``, ``proposal_weights=``, ``flip_sign=``, ``mh_correction=``,
+    ``fast_path=``, ``weight_rows=``, ``temperature=``, ``replace=``, ``check_data=``) still work,
+    with a ``DeprecationWarning`` naming the new place.
 
     Output per draw (``mcmc.get_samples()``): the constrained continuous sites (θ, …), the
     indicator γ_m as int32 in {0, 1}, the effective coefficients β = θ·γ_m and the inclusion
     frequency (1/m)·Σ_k γ_k (its mean over draws estimates the marginal posterior inclusion
     probabilities, the paper's Theorem 1(iii)); with informed proposals also
-    ``<inclusion_name>_rb``, the Rao-Blackwellised inclusion (the mean over the m states of
+    ``<inclusion>_rb`` (``sites``), the Rao-Blackwellised inclusion (the mean over the m states of
     P(γ_j = 1 | θ, γ_{−j}, X) under the surrogate, eq. 8 of the ESGLD slides).  Extra fields:
     ``step_size``, ``accept_prob`` (the mean over the m indicator moves of the
     Metropolis–Hastings acceptance probability min(1, ratio)), ``model_size``, ``diverging``.
@@ -169,23 +165,36 @@ class ESGLD(SGKernel):
     State = ESGLDState
     HYPERPARAMETERS = ("step_size", "temperature")
 
+    @moved_options(SAMPLING_MOVES | SITE_MOVES | {name: ("options", name) for name in (
+        "proposal_weights", "flip_sign", "mh_correction", "fast_path", "weight_rows", "temperature")})
     def __init__(self, model, step_size=None, *, num_models: int = 10, max_model_size: int | None = None,
                  proposal="auto", gradient: str = "auto", preconditioner: str | None = "auto",
-                 proposal_weights="auto", flip_sign: bool = True, mh_correction: str | None = None,
-                 temperature: float = 1.0, indicator: str | None = None, coefficient: str | None = None,
-                 fast_path: str = "auto", effective_name: str | None = None,
-                 inclusion_name: str = "inclusion", weight_rows: int | None = None,
-                 subsample_size=None, replace: bool = True, init_strategy=None, check_data: bool = True):
+                 subsample_size=None, init_strategy=None, sites=None, options=None, minibatch_options=None):
         if step_size is not None and not callable(step_size):
             check_positive("step_size", step_size)
-        check_positive("temperature", temperature)
-        arguments = locals()
-        self.options = ESGLDOptions(**{f.name: arguments[f.name] for f in fields(ESGLDOptions)})
-        super().__init__(model, subsample_size=subsample_size, replace=replace,
-                         init_strategy=init_strategy, check_data=check_data)
+        #: the :class:`~numpyro_sg.kernels.esgld.options.ESGLDSettings`: direct arguments, ``options`` and ``sites``
+        self.settings = ESGLDSettings(num_models, max_model_size, proposal, gradient, preconditioner,
+                                      ESGLDOptions.of(options), SpikeSlabSites.of(sites))
+        super().__init__(model, subsample_size=subsample_size, init_strategy=init_strategy,
+                         minibatch_options=MinibatchOptions.only(minibatch_options, ("replace", "check_data"), "ESGLD"))
         self.step_size = step_size
-        self.temperature = float(temperature)
         self._setup = None
+
+    @property
+    def options(self) -> ESGLDOptions:
+        """The :class:`~numpyro_sg.kernels.esgld.options.ESGLDOptions` in effect."""
+        return self.settings.options
+
+    @property
+    def sites(self) -> SpikeSlabSites:
+        """The :class:`~numpyro_sg.spike_slab.SpikeSlabSites` given (names resolved at ``init``:
+        :attr:`indicator`, :attr:`coefficient`, :attr:`effective_name`)."""
+        return self.settings.sites
+
+    @property
+    def temperature(self) -> float:
+        """τ (``options.temperature``)."""
+        return self.settings.options.temperature
 
     # -- public metadata ---------------------------------------------------------------------
     @property
@@ -212,12 +221,12 @@ class ESGLD(SGKernel):
     @property
     def effective_name(self) -> str | None:
         """Name of the output β = θ·γ (resolved at ``init``; the option before)."""
-        return self.options.effective_name if self._setup is None else self._setup.effective_name
+        return self.sites.effective if self._setup is None else self._setup.effective_name
 
     @property
     def inclusion_name(self) -> str:
         """Name of the output inclusion frequency."""
-        return self.options.inclusion_name
+        return self.sites.inclusion
 
     @property
     def uses_glm_path(self) -> bool:
@@ -234,46 +243,47 @@ class ESGLD(SGKernel):
     # -- init ----------------------------------------------------------------------------
     def _prepare(self, model_args, model_kwargs) -> ESGLDSetup:
         """The static :class:`ESGLDSetup`, from one model trace (and one vectorised check run)."""
-        o = self.options
+        o, opts, names = self.settings, self.settings.options, self.settings.sites
         data_args, data_kwargs = auto_view(model_args, model_kwargs)  # eager code on Explicit meshes too
         info = trace_model(self._model, data_args, data_kwargs)
-        plates = subsample_plates(info, self._subsample_size, check_data=self._check_data,
+        plates = subsample_plates(info, self._subsample_size, check_data=self.minibatch_options.check_data,
                                   model_args=data_args, model_kwargs=data_kwargs)
         if len(plates) != 1:
             raise ValueError(f"ESGLD needs exactly one subsample plate; the model has {[p.name for p in plates]}.")
-        ss = find_spike_slab(self._model, data_args, data_kwargs, indicator=o.indicator,
-                             coefficient=o.coefficient, subsample_size=self._subsample_size,
-                             glm={"auto": "auto", "glm": True, "generic": False}[o.fast_path], info=info)
+        ss = find_spike_slab(self._model, data_args, data_kwargs, indicator=names.indicator,
+                             coefficient=names.coefficient, subsample_size=self._subsample_size,
+                             glm={"auto": "auto", "glm": True, "generic": False}[opts.fast_path], info=info)
         p, plate = ss.num_coefficients, ss.plate
         q = p if o.max_model_size is None else int(o.max_model_size)
         if not 1 <= q <= p:
             raise ValueError(f"max_model_size must lie in [1, p] = [1, {p}], got {q}.")
         proposal, gradient, preconditioner = resolve_algorithm(o, ss)
-        kind = "uniform" if proposal == "informed" else resolve_proposal_weights(o.proposal_weights, ss.glm, p)
-        if proposal == "informed" and o.weight_rows is not None:
+        kind = "uniform" if proposal == "informed" else resolve_proposal_weights(opts.proposal_weights, ss.glm, p)
+        if proposal == "informed" and opts.weight_rows is not None:
             raise ValueError("weight_rows has no effect with proposal='informed' (it reads no weights).")
         data_weights = isinstance(kind, str) and kind != "uniform"
-        if o.weight_rows is not None and not data_weights:
+        if opts.weight_rows is not None and not data_weights:
             raise ValueError(f"weight_rows has no effect: the proposal weights of this model are {kind!r}.")
-        if o.mh_correction is not None and plate.subsample_size == plate.size:
+        if opts.mh_correction is not None and plate.subsample_size == plate.size:
             raise ValueError("mh_correction='penalty' has no effect with a full batch (subsample_size = N).")
         existing = info.site_types
-        if o.inclusion_name in existing:
-            raise ValueError(f"inclusion_name={o.inclusion_name!r} is a site of the model; pick another.")
+        if names.inclusion in existing:
+            raise ValueError(f"sites={{'inclusion': {names.inclusion!r}}} (the output name of the inclusion "
+                             "frequency) is a site of the model; pick another.")
         shards = find_data_shards(model_args, model_kwargs, plates)
         if shards is None:
-            self._mb = Minibatcher(self._model, plates, replace=self._replace)
+            self._mb = Minibatcher(self._model, plates, replace=self.minibatch_options.replace)
         else:
-            self._mb = sharded_minibatcher(self._model, plates, shards, ss, proposal, gradient, self._replace)
+            self._mb = sharded_minibatcher(self._model, plates, shards, ss, proposal, gradient, self.minibatch_options.replace)
         self._deterministic_in_plate = ss.deterministic_in_plate
         flat, unravel = ravel_pytree(info.unconstrained_example())
         return ESGLDSetup(
-            ss, self._mb, unravel, int(flat.shape[0]), q, o.num_models, o.flip_sign,
-            None if o.mh_correction is None else self._mb.fraction_unsampled, o.inclusion_name,
-            effective_site_name(ss, existing, o.effective_name), kind,
-            min(o.weight_rows or DEFAULT_WEIGHT_ROWS, plate.size) if data_weights else None,
+            ss, self._mb, unravel, int(flat.shape[0]), q, o.num_models, opts.flip_sign,
+            None if opts.mh_correction is None else self._mb.fraction_unsampled, names.inclusion,
+            effective_site_name(ss, existing, names.effective), kind,
+            min(opts.weight_rows or DEFAULT_WEIGHT_ROWS, plate.size) if data_weights else None,
             proposal, gradient, preconditioner,
-            rb_name=f"{o.inclusion_name}_rb" if proposal == "informed" else None,
+            rb_name=f"{names.inclusion}_rb" if proposal == "informed" else None,
         )
 
     def _plan_chains(self, key_init, init_params, model_args, model_kwargs, num_chains) -> ChainStart:

@@ -1,6 +1,7 @@
 """ESGLD's options, hyperparameters and static set-up.
 
-* :class:`ESGLDOptions`: the constructor's static options, validated;
+* :class:`ESGLDOptions`: the constructor's ``options``, and :class:`ESGLDSettings`: all its
+  static settings, validated together;
 * :func:`resolve_algorithm`: ``"auto"`` → the informed / control-variate / Laplace algorithm
   for a GLM likelihood, the paper's otherwise;
 * :class:`ESGLDHyper` / :func:`esgld_hyperparameters`: the step size and temperature held in
@@ -11,7 +12,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, NamedTuple
 
 import jax.numpy as jnp
@@ -19,9 +20,10 @@ import numpy as np
 from jax import lax, random
 
 from numpyro_sg.infer.minibatch import Minibatcher
-from numpyro_sg.kernels.base import check_choice
+from numpyro_sg.infer.options import Options
+from numpyro_sg.kernels.options import check_choice, check_positive
 from numpyro_sg.kernels.step_size import resolve_step_size
-from numpyro_sg.spike_slab import SpikeSlab
+from numpyro_sg.spike_slab import SpikeSlab, SpikeSlabSites
 
 WEIGHT_KINDS = ("auto", "correlation", "deviance", "uniform")
 _CORRECTIONS = (None, "penalty")
@@ -48,45 +50,47 @@ def _is_int_at_least(value, minimum) -> bool:
 
 
 @dataclass(frozen=True)
-class ESGLDOptions:
-    """The static options of :class:`~numpyro_sg.ESGLD`, validated on construction (see the
-    kernel for their meaning); an array of proposal weights is held as a tuple.
+class ESGLDOptions(Options):
+    """The options of :class:`~numpyro_sg.ESGLD` beyond its direct arguments: its ``options``
+    (``None``, a dict of these fields or an instance), validated on construction; an array of
+    proposal weights is held as a tuple.
 
-    >>> ESGLDOptions(num_models=10, max_model_size=50).max_model_size
-    50
+    :param proposal_weights: weights of the paper's moves: ``"auto"`` (``"correlation"`` for a
+        Gaussian GLM likelihood, ``"deviance"`` for other GLMs, ``"uniform"`` otherwise),
+        ``"correlation"`` (w_j = exp(abs(corr(y, x_j)) − 1)), ``"deviance"`` (w_j = exp(−(d_j −
+        min d)/(5·sd d) − 0.1), d_j the one-variable GLM deviance), both on the first
+        ``weight_rows`` rows, ``"uniform"`` (w_j = ½) or an array of p weights in (0, 1).
+    :param bool flip_sign: flip θ_j's sign with probability ½ when j enters or leaves (default,
+        as in the paper).
+    :param mh_correction: ``None`` (plain mini-batch acceptance, as in the paper) or
+        ``"penalty"`` (subtract half the estimated variance of the mini-batch log-likelihood
+        difference — of the control-variate remainder with the anchor — from the log acceptance
+        ratio).  Automatic rule: no penalty during the warmup (the search), the full penalty
+        after it.  An error with a full batch (n = N), where there is no noise to correct.
+    :param fast_path: ``"auto"`` (GLM fast path when the likelihood is a GLM), ``"glm"``
+        (require it) or ``"generic"`` (evaluate the model for every proposal).
+    :param weight_rows: rows used to compute data-based proposal weights (default
+        :data:`DEFAULT_WEIGHT_ROWS` = 20,000); an error with weights that read no data.
+    :param float temperature: τ (default 1), held in the state (hyperparameter ``temperature``).
+
+    >>> ESGLDOptions.of({"flip_sign": False}).flip_sign
+    False
     """
 
-    num_models: int = 10
-    max_model_size: int | None = None
     proposal_weights: Any = "auto"
     flip_sign: bool = True
     mh_correction: str | None = None
-    indicator: str | None = None
-    coefficient: str | None = None
     fast_path: str = "auto"
-    effective_name: str | None = None
-    inclusion_name: str = "inclusion"
     weight_rows: int | None = None
-    proposal: Any = "auto"
-    gradient: str = "auto"
-    preconditioner: str | None = "auto"
+    temperature: float = 1.0
+
+    LABEL = "ESGLD option"
 
     def __post_init__(self):
-        if not _is_int_at_least(self.num_models, 1):
-            raise ValueError(f"num_models must be an int ≥ 1, got {self.num_models!r}.")
-        check_choice("gradient", self.gradient, _GRADIENTS)
-        check_choice("preconditioner", self.preconditioner, _PRECONDITIONERS)
-        if isinstance(self.proposal, str):
-            check_choice("proposal", self.proposal, _PROPOSALS + ("an array",))
-        else:  # an array: the paper's moves with these weights
-            if not (isinstance(self.proposal_weights, str) and self.proposal_weights == "auto"):
-                raise ValueError("Give proposal weights either as proposal=array or as proposal_weights=, not both.")
-            object.__setattr__(self, "proposal_weights", self.proposal)
-            object.__setattr__(self, "proposal", "paper")
-        if self.max_model_size is not None and not _is_int_at_least(self.max_model_size, 1):
-            raise ValueError(f"max_model_size must be an int ≥ 1 (and ≤ p), got {self.max_model_size!r}.")
         check_choice("mh_correction", self.mh_correction, _CORRECTIONS)
         check_choice("fast_path", self.fast_path, _FAST_PATHS)
+        check_positive("temperature", self.temperature)
+        object.__setattr__(self, "temperature", float(self.temperature))
         self._check_weights()
 
     def _check_weights(self):
@@ -108,13 +112,50 @@ class ESGLDOptions:
                 )
 
 
+@dataclass(frozen=True)
+class ESGLDSettings:
+    """Everything :class:`~numpyro_sg.ESGLD`'s constructor was given but the step size, the
+    subsample size and the init strategy, validated together (see the kernel for the meaning):
+    its direct arguments, ``options`` (:class:`ESGLDOptions`) and ``sites``
+    (:class:`~numpyro_sg.spike_slab.SpikeSlabSites`).  A ``proposal`` given as an array of
+    weights becomes ``"paper"`` with these ``proposal_weights``.
+
+    >>> ESGLDSettings(num_models=10, max_model_size=50).max_model_size
+    50
+    """
+
+    num_models: int = 10
+    max_model_size: int | None = None
+    proposal: Any = "auto"
+    gradient: str = "auto"
+    preconditioner: str | None = "auto"
+    options: ESGLDOptions = ESGLDOptions()
+    sites: SpikeSlabSites = SpikeSlabSites()
+
+    def __post_init__(self):
+        if not _is_int_at_least(self.num_models, 1):
+            raise ValueError(f"num_models must be an int ≥ 1, got {self.num_models!r}.")
+        check_choice("gradient", self.gradient, _GRADIENTS)
+        check_choice("preconditioner", self.preconditioner, _PRECONDITIONERS)
+        if isinstance(self.proposal, str):
+            check_choice("proposal", self.proposal, _PROPOSALS + ("an array",))
+        else:  # an array: the paper's moves with these weights
+            if not (isinstance(self.options.proposal_weights, str) and self.options.proposal_weights == "auto"):
+                raise ValueError("Give proposal weights either as proposal=array or as "
+                                 "options={'proposal_weights': …}, not both.")
+            object.__setattr__(self, "options", replace(self.options, proposal_weights=self.proposal))
+            object.__setattr__(self, "proposal", "paper")
+        if self.max_model_size is not None and not _is_int_at_least(self.max_model_size, 1):
+            raise ValueError(f"max_model_size must be an int ≥ 1 (and ≤ p), got {self.max_model_size!r}.")
+
+
 def anchor_applies(ss: SpikeSlab) -> bool:
     """True when the control-variate anchor applies: a detected GLM likelihood and θ the only
     continuous site."""
     return ss.glm is not None and tuple(ss.continuous_sites) == (ss.coefficient,)
 
 
-def resolve_algorithm(options: ESGLDOptions, ss: SpikeSlab) -> tuple:
+def resolve_algorithm(settings: ESGLDSettings, ss: SpikeSlab) -> tuple:
     """(proposal, gradient, preconditioner) resolved for the model: ``"auto"`` becomes
     ``"informed"`` / ``"cv"`` / ``"laplace"`` when the likelihood is a detected GLM and θ is
     the only continuous site (what the control-variate anchor needs), else ``"paper"`` /
@@ -123,7 +164,7 @@ def resolve_algorithm(options: ESGLDOptions, ss: SpikeSlab) -> tuple:
     ``"paper"`` when proposal weights or ``weight_rows`` are given); asking for ``"informed"``
     or ``"cv"`` on another model raises ``ValueError``.
     """
-    o = options
+    o, weights = settings, settings.options
     ok = anchor_applies(ss)
     why = ("needs a GLM likelihood (linear predictor X·β, fast_path 'auto' or 'glm') and the "
            f"coefficient {ss.coefficient!r} as the only continuous site; this model has "
@@ -134,7 +175,7 @@ def resolve_algorithm(options: ESGLDOptions, ss: SpikeSlab) -> tuple:
                                    ("preconditioner", o.preconditioner, "laplace", "laplace")):
         if value == "auto":
             value = good if ok else bad
-            if name == "proposal" and (o.proposal_weights != "auto" or o.weight_rows is not None):
+            if name == "proposal" and (weights.proposal_weights != "auto" or weights.weight_rows is not None):
                 value = "paper"  # weights were asked for: the paper's weighted moves
         elif value == good and not ok and good != bad:
             raise ValueError(f"{name}={good!r} {why}")

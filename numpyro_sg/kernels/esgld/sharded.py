@@ -33,7 +33,7 @@ def sharded_minibatcher(model, plates, shards, ss: SpikeSlab, proposal, gradient
             f"gradient={gradient!r}. Pass the data unsharded (e.g. jax.device_get(X)).")
     if not replace_rows:
         raise ValueError("sharded data: each device draws its mini-batch rows with replacement; "
-                         "replace=False is not supported.")
+                         "replace=False is not supported (minibatch_options).")
     return ShardedMinibatcher(model, plates, shards)
 
 

@@ -73,6 +73,7 @@ from numpyro_sg.kernels.sparse_async.indicators import (  # noqa: F401
     sequential_sweep,
 )
 from numpyro_sg.kernels.sparse_async.kernel import SparseAsync
+from numpyro_sg.kernels.sparse_async.options import SparseAsyncOptions
 from numpyro_sg.kernels.sparse_async.step import SparseAsyncHyper, SparseAsyncState  # noqa: F401
 
-__all__ = ["SparseAsync"]
+__all__ = ["SparseAsync", "SparseAsyncOptions"]

@@ -16,12 +16,13 @@ from numpyro_sg.infer.sharding import (auto_view, eager_under_trace, find_data_s
                                        spans_processes)
 from numpyro_sg.kernels.base import SGKernel
 from numpyro_sg.kernels.chain_start import ChainStart
+from numpyro_sg.kernels.options import SAMPLING_MOVES, SITE_MOVES, MinibatchOptions, moved_options
 from numpyro_sg.kernels.data_cache import PerDataCache
-from numpyro_sg.kernels.sparse_async.options import SparseAsyncOptions, check_options
+from numpyro_sg.kernels.sparse_async.options import SparseAsyncOptions, SparseAsyncSettings, check_options
 from numpyro_sg.kernels.sparse_async.setup import SPIKE_KEY, initial_values, make_plan
 from numpyro_sg.kernels.sparse_async.sharded import shard_plan
 from numpyro_sg.kernels.sparse_async.step import SparseAsyncState, initial_state, sparse_async_step
-from numpyro_sg.spike_slab import find_spike_slab
+from numpyro_sg.spike_slab import SpikeSlabSites, find_spike_slab
 
 
 class SparseAsync(SGKernel):
@@ -92,35 +93,32 @@ class SparseAsync(SGKernel):
     :param str variant: ``"exact"``, ``"async"`` (default) or ``"sgld"``.
     :param int update_size: J, the number of indicators updated per iteration (1 ≤ J ≤ p;
         default min(100, p), the paper's J = 100).
-    :param str inner: STEP 1 move for ``"exact"``/``"async"``: ``"gaussian"`` (Gaussian
-        likelihood with a fixed scale through X·β and a Normal slab), ``"mala"``, or ``"auto"``
-        (default: gaussian when it applies, else MALA).  Not an option of ``"sgld"``.
-    :param taylor: Q_j of the asynchronous update: ``"second"`` (default; Q = ±½θ_j²·abs(∂²ℓ/
-        ∂β_j²), exact for a Gaussian likelihood, one more O(n·J) product), ``"first"`` (Q = 0)
-        or ``"sensitive"`` (Q = ½θ_j²G_j², the paper's eq. (6)).  The paper's two are accurate
-        only when the spike's precision is at least the likelihood's curvature abs(∂²ℓ/∂β_j²)
-        (its prior ρ0 = N with columns scaled to ‖X_j‖² = N); with a wider spike they bias the
-        inclusion probabilities (see ``docs/sparse_async.md``).
-    :param str async_point: where G is evaluated: ``"current"`` (default; β = θ·(δ ∨ 1_J), the
-        authors' code) or ``"excluded"`` (the chosen ones off; the paper's eq. (7)).
-    :param int max_active: static size of the active-set index list of the fast path (default
-        min(p, 256)); exceeding it is an error that names this argument.
     :param bool adapt_step_size: adapt the MALA ε during warmup (default True; MALA only).
     :param float target_accept_prob: target MALA acceptance of the adaptation (default 0.5).
-    :param indicator: name of the indicator site (found automatically when omitted).
-    :param coefficient: name of the coefficient site (found automatically when omitted).
-    :param str fast_path: ``"auto"``, ``"glm"`` (require the GLM fast path; an error says why
-        it does not apply) or ``"generic"`` (dense evaluation of the model).
-    :param effective_name: output name of θ·δ (default ``"beta"``, or ``"<coefficient>_eff"``
-        when the model has a non-deterministic ``beta`` site).
     :param subsample_size: the mini-batch B of ``"sgld"`` (default: the plate's own size).
-    :param bool replace: ``"sgld"`` draws its mini-batch indices with replacement (default)
-        or walks per-epoch permutations (``False``).
     :param init_strategy: NumPyro init strategy of the continuous sites (default: θ from the
         spike, δ = 0; pass ``init_params={..., "delta": δ0}`` to start from another model).
+    :param sites: the site names, a :class:`~numpyro_sg.spike_slab.SpikeSlabSites` or a dict of
+        its fields ``indicator``, ``coefficient`` (found automatically when omitted) and
+        ``effective`` (output name of θ·δ; default ``"beta"``, or ``"<coefficient>_eff"`` when
+        the model has a non-deterministic ``beta`` site); ``inclusion`` does not apply.
+    :param options: the other options, a
+        :class:`~numpyro_sg.kernels.sparse_async.options.SparseAsyncOptions` or a dict of its
+        fields: ``inner`` (STEP 1 of ``"exact"``/``"async"``: ``"auto"``, ``"gaussian"`` or
+        ``"mala"``), ``taylor`` (Q_j of the asynchronous update: ``"second"`` by default,
+        ``"first"`` or ``"sensitive"``), ``async_point`` (``"current"`` by default or
+        ``"excluded"``), ``max_active`` (static size of the fast path's active list, default
+        min(p, 256)) and ``fast_path`` (``"auto"``, ``"glm"`` or ``"generic"``); each documented
+        in :class:`~numpyro_sg.kernels.sparse_async.options.SparseAsyncOptions`.
+    :param minibatch_options: ``replace`` and ``check_data`` of
+        :class:`~numpyro_sg.kernels.options.MinibatchOptions` (or a dict of them), documented in
+        :class:`~numpyro_sg.kernels.base.SGKernel`: ``"sgld"`` draws its mini-batch indices with
+        replacement (default) or walks per-epoch permutations (``{"replace": False}``;
+        ``replace`` applies to ``"sgld"`` only).
 
-    ``check_data``, an option every kernel shares, is documented once in
-    :class:`~numpyro_sg.kernels.base.SGKernel`.
+    The former keywords (``indicator=``, ``coefficient=``, ``effective_name=``, ``inner=``,
+    ``taylor=``, ``async_point=``, ``max_active=``, ``fast_path=``, ``replace=``,
+    ``check_data=``) still work, with a ``DeprecationWarning`` naming the new place.
 
     Output per draw (``mcmc.get_samples()``): θ (excluded coordinates drawn from the spike),
     δ (int32), θ·δ.  Extra fields: ``model_size`` (size(δ)), ``step_size``, ``accept_prob``,
@@ -140,38 +138,40 @@ class SparseAsync(SGKernel):
     State = SparseAsyncState
     HYPERPARAMETERS = ("step_size",)
 
-    def __init__(self, model, step_size=None, *, variant="async", update_size=None, inner="auto",
-                 taylor=None, async_point=None, max_active=None, adapt_step_size=None,
-                 target_accept_prob=None, indicator=None, coefficient=None, fast_path="auto",
-                 effective_name=None, subsample_size=None, replace=None, init_strategy=None,
-                 check_data=True):
-        options = SparseAsyncOptions(step_size, variant, update_size, inner, taylor, async_point,
-                                     max_active, adapt_step_size, target_accept_prob, fast_path,
-                                     subsample_size, replace)
-        check_options(options)
-        super().__init__(model, subsample_size=subsample_size, replace=replace is not False,
-                         init_strategy=init_strategy, check_data=check_data)
-        # plain attributes, not one options object: a tuner batches kernels whose attributes
+    @moved_options(SAMPLING_MOVES | {name: SITE_MOVES[name] for name in ("indicator", "coefficient", "effective_name")}
+                   | {name: ("options", name) for name in ("inner", "taylor", "async_point", "max_active", "fast_path")})
+    def __init__(self, model, step_size=None, *, variant="async", update_size=None, adapt_step_size=None,
+                 target_accept_prob=None, subsample_size=None, init_strategy=None, sites=None, options=None,
+                 minibatch_options=None):
+        #: the :class:`~numpyro_sg.kernels.sparse_async.options.SparseAsyncOptions`
+        self.options = SparseAsyncOptions.of(options)
+        #: the :class:`~numpyro_sg.spike_slab.SpikeSlabSites` given (names resolved at ``init``)
+        self.sites = SpikeSlabSites.only(sites, ("indicator", "coefficient", "effective"), "SparseAsync")
+        minibatch = MinibatchOptions.only(minibatch_options, ("replace", "check_data"), "SparseAsync")
+        replace_given = "replace" in MinibatchOptions.given(minibatch_options)
+        # plain attributes, not in the options object: a tuner batches kernels whose attributes
         # differ only in the state hyperparameters (step_size)
-        for name in ("step_size", "variant", "update_size", "inner", "taylor", "async_point",
-                     "max_active", "adapt_step_size", "target_accept_prob", "fast_path"):
-            setattr(self, name, getattr(options, name))
-        self._replace_option = replace
-        self._sites = {"indicator": indicator, "coefficient": coefficient}
-        self._effective_name = effective_name
+        self.step_size, self.variant, self.update_size = step_size, variant, update_size
+        self.adapt_step_size, self.target_accept_prob = adapt_step_size, target_accept_prob
+        check_options(self._settings(subsample_size, minibatch.replace if replace_given else None))
+        super().__init__(model, subsample_size=subsample_size, init_strategy=init_strategy,
+                         minibatch_options=minibatch)
         self._plan = None  # static metadata resolved at init (a Plan)
         self._constants = None  # the fast path's constants (prior, offset, y, …), set at init
         self._setup = PerDataCache()  # (plan, constants, Minibatcher, ShardedPlan) per data set
         self._sharded = None  # the ShardedPlan of data split over a mesh, set at init
 
+    def _settings(self, subsample_size, replace) -> SparseAsyncSettings:
+        o = self.options
+        return SparseAsyncSettings(self.step_size, self.variant, self.update_size, o.inner, o.taylor, o.async_point,
+                                   o.max_active, self.adapt_step_size, self.target_accept_prob, o.fast_path,
+                                   subsample_size, replace)
+
     @property
-    def options(self) -> SparseAsyncOptions:
-        """The options given to the constructor (``None`` where the default applies)."""
-        return SparseAsyncOptions(
-            self.step_size, self.variant, self.update_size, self.inner, self.taylor,
-            self.async_point, self.max_active, self.adapt_step_size, self.target_accept_prob,
-            self.fast_path, self._subsample_size, self._replace_option,
-        )
+    def settings(self) -> SparseAsyncSettings:
+        """The direct arguments and the options together
+        (:class:`~numpyro_sg.kernels.sparse_async.options.SparseAsyncSettings`)."""
+        return self._settings(self._subsample_size, self.minibatch_options.replace)
 
     # -- public metadata (known after ``init``) -----------------------------------------------
     @property
@@ -231,7 +231,7 @@ class SparseAsync(SGKernel):
     def _make_plan(self, model_args, model_kwargs):
         """``(plan, constants, Minibatcher, ShardedPlan or None)``: the structure found from one
         trace of the model, and on data split over a mesh what each shard's step reads."""
-        o = self.options
+        o = self.settings
         if spans_processes(model_args, model_kwargs):
             raise ValueError(
                 "SparseAsync samples data split over the devices of one process; these data span "
@@ -240,18 +240,18 @@ class SparseAsync(SGKernel):
         data_args, data_kwargs = auto_view(model_args, model_kwargs)  # eager code on Explicit meshes too
         info = trace_model(self._model, data_args, data_kwargs)
         ss = find_spike_slab(
-            self._model, data_args, data_kwargs, **self._sites,
+            self._model, data_args, data_kwargs, indicator=self.sites.indicator, coefficient=self.sites.coefficient,
             glm="auto" if o.fast_path != "generic" else False,
             subsample_size=self._subsample_size if o.variant == "sgld" else None, info=info,
         )
         plan, constants, mb = make_plan(o, ss, info, self._model, data_args, data_kwargs,
-                                        check_data=self._check_data, replace=self._replace,
-                                        effective_name=self._effective_name)
+                                        check_data=self.minibatch_options.check_data,
+                                        replace=self.minibatch_options.replace, effective_name=self.sites.effective)
         shards = find_data_shards(model_args, model_kwargs, () if ss.plate is None else (
             ss.plate if o.variant == "sgld" else replace(ss.plate, subsample_size=ss.plate.size),))
         if shards is None:
             return plan, constants, mb, None
-        sharded, constants = shard_plan(plan, constants, shards, self._model, self._replace)
+        sharded, constants = shard_plan(plan, constants, shards, self._model, self.minibatch_options.replace)
         return plan, constants, mb, sharded
 
     def _check_initial_indicator(self, delta):
@@ -264,7 +264,7 @@ class SparseAsync(SGKernel):
         if plan.fast and size > plan.max_active:
             raise ValueError(
                 f"The initial indicator {plan.ss.indicator!r} has {size} active coordinates, "
-                f"more than max_active = {plan.max_active}; pass a larger max_active."
+                f"more than max_active = {plan.max_active}; pass a larger max_active (options={{'max_active': …}})."
             )
 
     # -- one iteration ---------------------------------------------------------------------------
@@ -290,7 +290,8 @@ class SparseAsync(SGKernel):
             f" Chain(s) {[int(c) for c in np.nonzero(overflow)[0]]} stopped because the model size "
             f"size({self._plan.ss.indicator}) would exceed max_active = {self._plan.max_active} (the "
             "static size of the active-set index list of the fast path): pass a larger max_active "
-            "(cost O(N·max_active) per iteration at worst) or fast_path='generic'."
+            "(options={'max_active': …}; cost O(N·max_active) per iteration at worst) or "
+            "options={'fast_path': 'generic'}."
         )
 
     # -- output --------------------------------------------------------------------------------

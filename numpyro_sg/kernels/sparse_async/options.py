@@ -10,7 +10,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from jax import lax
 
-from numpyro_sg.kernels.base import check_choice, check_positive
+from numpyro_sg.infer.options import Options
+from numpyro_sg.kernels.options import check_choice, check_positive
 from numpyro_sg.spike_slab import SpikeSlab
 
 VARIANTS = ("exact", "async", "sgld")
@@ -20,8 +21,56 @@ POINTS = (None, "current", "excluded")
 FAST_PATHS = ("auto", "glm", "generic")
 
 
-class SparseAsyncOptions(NamedTuple):
-    """The user's options of :class:`~numpyro_sg.SparseAsync` (``None``: the default)."""
+@dataclass(frozen=True)
+class SparseAsyncOptions(Options):
+    """The options of :class:`~numpyro_sg.SparseAsync` beyond its direct arguments: its
+    ``options`` (``None``, a dict of these fields or an instance), validated on construction
+    (whether they apply to the chosen variant is the kernel's check).
+
+    :param str inner: STEP 1 move for ``"exact"``/``"async"``: ``"gaussian"`` (Gaussian
+        likelihood with a fixed scale through X·β and a Normal slab), ``"mala"``, or ``"auto"``
+        (default: gaussian when it applies, else MALA).  Not an option of ``"sgld"``.
+    :param taylor: Q_j of the asynchronous update: ``None`` (default: ``"second"``),
+        ``"second"`` (Q = ±½θ_j²·abs(∂²ℓ/∂β_j²), exact for a Gaussian likelihood, one more
+        O(n·J) product), ``"first"`` (Q = 0) or ``"sensitive"`` (Q = ½θ_j²G_j², the paper's eq.
+        (6)).  The paper's two are accurate only when the spike's precision is at least the
+        likelihood's curvature abs(∂²ℓ/∂β_j²) (its prior ρ0 = N with columns scaled to ‖X_j‖² =
+        N); with a wider spike they bias the inclusion probabilities (see
+        ``docs/sparse_async.md``).
+    :param async_point: where G is evaluated: ``None`` or ``"current"`` (default; β = θ·(δ ∨
+        1_J), the authors' code) or ``"excluded"`` (the chosen ones off; the paper's eq. (7)).
+    :param max_active: static size of the active-set index list of the fast path (an int ≥ 1;
+        default ``None``: min(p, 256)); exceeding it is an error that names this option.
+    :param str fast_path: ``"auto"`` (default), ``"glm"`` (require the GLM fast path; an error
+        says why it does not apply) or ``"generic"`` (dense evaluation of the model).
+
+    >>> SparseAsyncOptions.of({"taylor": "first"}).taylor
+    'first'
+    """
+
+    inner: str = "auto"
+    taylor: str | None = None
+    async_point: str | None = None
+    max_active: int | None = None
+    fast_path: str = "auto"
+
+    LABEL = "SparseAsync option"
+
+    def __post_init__(self):
+        check_int("max_active", self.max_active)
+        check_choice("inner", self.inner, INNERS)
+        check_choice("taylor", self.taylor, TAYLORS)
+        check_choice("async_point", self.async_point, POINTS)
+        check_choice("fast_path", self.fast_path, FAST_PATHS)
+        if self.max_active is not None and self.fast_path == "generic":
+            raise ValueError("max_active applies to the GLM fast path; fast_path='generic' turns it off.")
+
+
+class SparseAsyncSettings(NamedTuple):
+    """Everything :class:`~numpyro_sg.SparseAsync`'s constructor was given, as its checks and
+    :func:`~numpyro_sg.kernels.sparse_async.setup.make_plan` read it: the direct arguments and
+    the fields of :class:`SparseAsyncOptions` (``None``: the default; ``replace`` ``None`` when
+    not given)."""
 
     step_size: Any = None
     variant: str = "async"
@@ -118,7 +167,7 @@ def check_step_size(step_size):
         check_positive("step_size", step_size)
 
 
-def check_variant_options(o: SparseAsyncOptions):
+def check_variant_options(o: SparseAsyncSettings):
     """Raise when an option does not apply to the chosen variant."""
     if o.variant != "sgld":
         for name, value in (("subsample_size", o.subsample_size), ("replace", o.replace)):
@@ -134,20 +183,14 @@ def check_variant_options(o: SparseAsyncOptions):
                 raise ValueError(f"{name} applies to the asynchronous update (variant='async' or "
                                  "'sgld'); variant='exact' redraws the indicators sequentially "
                                  "from the exact q_j.")
-    if o.max_active is not None and o.fast_path == "generic":
-        raise ValueError("max_active applies to the GLM fast path; fast_path='generic' turns it off.")
 
 
-def check_options(o: SparseAsyncOptions):
-    """Validate the options of :class:`~numpyro_sg.SparseAsync` and their fit to the variant."""
+def check_options(o: SparseAsyncSettings):
+    """Validate the settings of :class:`~numpyro_sg.SparseAsync` (the fields of its
+    :class:`SparseAsyncOptions` are checked on their own already) and their fit to the variant."""
     check_step_size(o.step_size)
     check_choice("variant", o.variant, VARIANTS)
     check_int("update_size", o.update_size, " (and ≤ p)")
-    check_int("max_active", o.max_active)
-    check_choice("inner", o.inner, INNERS)
-    check_choice("taylor", o.taylor, TAYLORS)
-    check_choice("async_point", o.async_point, POINTS)
-    check_choice("fast_path", o.fast_path, FAST_PATHS)
     check_choice("adapt_step_size", o.adapt_step_size, (None, True, False))
     if o.target_accept_prob is not None and not 0.0 < o.target_accept_prob < 1.0:
         raise ValueError(f"target_accept_prob must lie in (0, 1), got {o.target_accept_prob!r}.")
@@ -156,7 +199,7 @@ def check_options(o: SparseAsyncOptions):
     check_step_options(kind, step_options(o))
 
 
-def step_options(o: SparseAsyncOptions) -> dict:
+def step_options(o: SparseAsyncSettings) -> dict:
     """The options of the MALA / SGLD step, by name."""
     return {"step_size": o.step_size, "adapt_step_size": o.adapt_step_size,
             "target_accept_prob": o.target_accept_prob}

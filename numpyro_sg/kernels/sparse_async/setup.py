@@ -15,7 +15,7 @@ from numpyro_sg.infer.minibatch import Minibatcher, check_data_finite
 from numpyro_sg.infer.model_info import base_distribution, trace_model
 from numpyro_sg.kernels.sparse_async.options import (
     Plan,
-    SparseAsyncOptions,
+    SparseAsyncSettings,
     bucket_sizes,
     check_step_options,
     resolve_inner,
@@ -92,7 +92,7 @@ def fast_constants(ss, model_args, model_kwargs) -> GLMConstants:
     )
 
 
-def check_plan_inputs(o: SparseAsyncOptions, ss, p):
+def check_plan_inputs(o: SparseAsyncSettings, ss, p):
     """``J`` (checked against p); raise when ``"sgld"`` has no subsample plate."""
     J = min(100, p) if o.update_size is None else int(o.update_size)
     if not 1 <= J <= p:
@@ -105,7 +105,7 @@ def check_plan_inputs(o: SparseAsyncOptions, ss, p):
     return J
 
 
-def make_plan(o: SparseAsyncOptions, ss, info, model, model_args, model_kwargs, *, check_data, replace,
+def make_plan(o: SparseAsyncSettings, ss, info, model, model_args, model_kwargs, *, check_data, replace,
               effective_name=None):
     """``(plan, fast-path constants or None, Minibatcher or None)`` for one data set."""
     p, sgld = ss.num_coefficients, o.variant == "sgld"

@@ -71,7 +71,7 @@ def shard_plan(plan: Plan, constants, shards: DataShards, model, replace_rows: b
     sgld = plan.variant == "sgld"
     if sgld and not replace_rows:
         raise ValueError("sharded data: each device draws its mini-batch rows with replacement; "
-                         "replace=False is not supported.")
+                         "replace=False is not supported (minibatch_options).")
     plate = plan.ss.plate if sgld else dataclasses.replace(plan.ss.plate, subsample_size=plan.ss.plate.size)
     data = ShardedMinibatcher(model, (plate,), shards)
     (local,) = data.local_plates
