@@ -141,7 +141,7 @@ def _run(model, variant, X, y, seed, init=None, **kw):
 
 def accuracy(seeds, p=1000, rhos=(0.0, 0.9), taylors=("first", "second")):
     out = {}
-    runs = [("exact", {})] + [(f"async-{t}", {"taylor": t}) for t in taylors]
+    runs = [("exact", {})] + [(f"async-{t}", {"options": {"taylor": t}}) for t in taylors]
     for rho in rhos:
         for seed in range(seeds):
             X, y, truth = ds.simulate_sparse_linear(p, correlation=rho, seed=seed)
@@ -161,7 +161,7 @@ def accuracy(seeds, p=1000, rhos=(0.0, 0.9), taylors=("first", "second")):
 
 def logistic(seeds, p=1000, taylors=("sensitive", "second")):
     out = {}
-    runs = ([("exact", {})] + [(f"async-{t}", {"taylor": t}) for t in taylors]
+    runs = ([("exact", {})] + [(f"async-{t}", {"options": {"taylor": t}}) for t in taylors]
             + [("sgld", {"subsample_size": 100, "step_size": 0.01})])
     for seed in range(seeds):
         X, y, truth = ds.simulate_sparse_logistic(p, seed=seed)

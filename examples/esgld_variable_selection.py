@@ -50,18 +50,18 @@ def run_one(which, seed, num_data, num_features, iters, burn_in, subsample=None,
         X, y, beta = datasets.simulate_esgld_logistic(num_data, num_features, seed=seed)
         model, eps, n, q = datasets.esgld_logistic_model, 1e-5, 300, 500
     if algorithm == "paper":
-        options = dict(PAPER_ALGORITHM, proposal_weights=weights)
+        algorithm_options, weights_option = dict(PAPER_ALGORITHM), {"proposal_weights": weights}
         step_size = step_size or eps
     else:  # informed moves, control variates, step h in units of the posterior variance
-        options = {}
+        algorithm_options, weights_option = {}, {}
     kernel = ESGLD(
         model,
         step_size,
         num_models=10,
         max_model_size=min(q, X.shape[1]),
         subsample_size=subsample or n,
-        mh_correction=correction,
-        **options,
+        options={"mh_correction": correction, **weights_option},
+        **algorithm_options,
     )
     mcmc = MCMC(kernel, num_warmup=burn_in, num_samples=iters - burn_in, progress_bar=False,
                 jit_model_args=True)
