@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import random
 from numpyro import handlers
-from numpyro.infer.util import constrain_fn, potential_energy
+from numpyro.infer.util import potential_energy
 from numpyro.primitives import Messenger
 
 from numpyro_sg.infer import full_density
@@ -254,18 +254,6 @@ class ShardedMinibatcher(Minibatcher):
         idx, _ = self.draw(key, None)
         return self.estimate_at(unravel, x, idx, anchor=anchor, noise=True, model_args=model_args,
                                 model_kwargs=model_kwargs).noise_sd
-
-    def postprocess_fn(self, model_args=(), model_kwargs=None) -> Callable:
-        """``params -> constrained values`` (deterministic sites included) on each shard's first
-        row; a deterministic site inside the subsample plate (one value per datum) is refused."""
-        model_kwargs = model_kwargs or {}
-        (plate,) = self.plates
-        one = {plate.name: jnp.arange(1, dtype=jnp.int32)}
-
-        def fn(params, a, k):
-            return constrain_fn(with_indices(self.model, one), a, k, params, return_deterministic=True)
-
-        return lambda params: self.shards.on_each_shard(fn, params, model_args, model_kwargs)
 
     # -- checks and what is not sharded -----------------------------------------------------
     def check_compiled_data(self, flat, model_args, model_kwargs):
