@@ -1,4 +1,8 @@
-"""Stochastic-gradient MCMC kernels (one module per family) and their building blocks."""
+"""Stochastic-gradient MCMC kernels (one module per family) and their building blocks.
+
+Each gradient kernel's module also has its functional ``init`` and ``step`` (BlackJAX's shape,
+for a loop of your own: ``from numpyro_sg.kernels import sgld``), built on
+:mod:`numpyro_sg.kernels.core`."""
 
 from numpyro_sg.kernels.baoab import BAOAB
 from numpyro_sg.kernels.cyclical import CyclicalSGLD
