@@ -69,8 +69,6 @@ def embedded_data_bytes(state, model_args, model_kwargs) -> int:
                if is_data(x) and not isinstance(x, jax.core.Tracer))
 
 
-
-
 def program_settings(obj, skip=()) -> tuple | None:
     """The hashable description of an object's settings (its instance attributes but ``skip``)
     for the key of a compiled program (:func:`~numpyro_sg.infer.programs.cached_program`):

@@ -59,8 +59,8 @@ def vectorisable(kernels: list, arms: list[dict]) -> tuple:
 
     Only names among the kernel's state hyperparameters (``kernel.HYPERPARAMETERS``, e.g.
     ``step_size`` and ``temperature``) with real scalar values qualify; every other instance
-    attribute must be equal across the kernels (an options object's fields but these names).  Returns ``()`` when the kernels cannot share
-    a batch.
+    attribute must be equal across the kernels (an options object's fields but these names).
+    Returns ``()`` when the kernels cannot share a batch.
 
     :param kernels: the arms' kernels (one per arm).
     :param arms: the arms' keyword dicts.
@@ -200,7 +200,6 @@ class Batch:
         owner[(slots // s) * s:] = -1
         self.owner = owner
         self.arm_ids = list(arm_ids)
-
 
 
 def lifted(arm: dict, state_names) -> dict:
