@@ -25,7 +25,6 @@ from numpyro_sg.kernels.esgld import (
     IndicatorTarget,
     acceptance_probability,
     coordinate_table,
-    guard_norm,
     indicator_target,
     move_probabilities,
     proposal_weights,
@@ -33,8 +32,9 @@ from numpyro_sg.kernels.esgld import (
     resolve_proposal_weights,
     rjmh_indicator_chain,
 )
-from numpyro_sg.kernels.esgld.control_variates import cv_batch, glm_anchor
+from numpyro_sg.kernels.esgld.targets import cv_batch, glm_anchor
 from numpyro_sg.kernels.esgld.informed import informed_indicator_chain
+from numpyro_sg.kernels.guard import guard_norm
 from numpyro_sg.kernels.step_size import polynomial_schedule
 from numpyro_sg.spike_slab import SpikeSlabError, find_spike_slab, start_fn
 
@@ -492,10 +492,10 @@ def test_accept_prob_is_the_mean_acceptance_probability():
 
 def test_guard_norm_is_scale_free_and_floored():
     eps, grad = jnp.array([1e-6, 1e-2]), jnp.array([3e3, 30.0])
-    np.testing.assert_allclose(guard_norm(eps, grad), 3.0, rtol=1e-5)  # √ε·ĝ = (3, 3)
-    np.testing.assert_allclose(guard_norm(100 * eps, grad / 10), 3.0, rtol=1e-5)  # units of θ × 10
-    assert float(guard_norm(eps, jnp.zeros(2))) == 1.0
-    assert np.isnan(guard_norm(eps, jnp.array([jnp.nan, 0.0])))
+    np.testing.assert_allclose(guard_norm(grad, eps), 3.0, rtol=1e-5)  # √ε·ĝ = (3, 3)
+    np.testing.assert_allclose(guard_norm(grad / 10, 100 * eps), 3.0, rtol=1e-5)  # units of θ × 10
+    assert float(guard_norm(jnp.zeros(2), eps)) == 1.0
+    assert np.isnan(guard_norm(jnp.array([jnp.nan, 0.0]), eps))
 
 
 def test_a_too_large_step_is_flagged_and_frozen(small_data):

@@ -136,8 +136,9 @@ def test_to_inference_data_leaves_a_diverged_chain_out_of_the_pooled_ksd(one_div
     with pytest.warns(nsg.DivergenceWarning, match=rf"chain\(s\) \[1\].*chain 1 at iteration {at} .*the summary"):
         table = nsg.posterior_summary(idata, round_to="none")
     theta = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
-    assert np.abs(theta[1] - theta[0].mean(0)).max() > 10.0  # chain 1 blew up (posterior sd ≈ 0.03)
-    assert np.all(theta[1, -10:] == theta[1, -1])  # and is frozen
+    blown = at - 200 - 1  # this run's draw at which chain 1 blew up
+    assert np.all(theta[1, blown:] == theta[1, -1])  # frozen from the blow-up on,
+    assert np.all(np.isfinite(theta[1]))  # at its last safe point
     alone = az.summary(from_dict(posterior={"theta": theta[:1]}), round_to="none")
     pooled = az.summary(from_dict(posterior={"theta": theta}), round_to="none")
     table = table.loc[alone.index]

@@ -67,10 +67,18 @@ def working_rows(precond: Preconditioner | None) -> Callable | None:
 
 
 class Anchor(NamedTuple):
-    """The control-variate anchor: a point θ̂ (flat) and the full-data gradient ∇ log π(θ̂)."""
+    """The control-variate anchor of every kernel: a point θ̂ (flat), the full-data gradient at
+    θ̂ of the part of the log density the mini-batches estimate, and optionally its full-data
+    Hessian for a second-order control variate.
+
+    The gradient kernels anchor the whole log density (``grad`` = ∇ log π(θ̂), ``hess`` ``None``);
+    ESGLD anchors a GLM log-likelihood in the effective coefficients β (``point`` β̂, ``grad``
+    g = Σ_i x_i·ℓ'_i(η̂_i), ``hess`` H = Σ_i x_i x_iᵀ·ℓ''_i(η̂_i)), its prior being exact.
+    """
 
     point: Any
     grad: Any
+    hess: Any = None
 
 
 class GradientEstimate(NamedTuple):

@@ -15,8 +15,9 @@ that frame, ``step_size`` ε_t, and ``fields`` the kernel's own updated state fi
 2. the move, mapped back: θ' = θ + L·du;
 3. the gradient estimate at θ' on ``minibatch``, kept in the state for the next move;
 4. the exponential moving average of τ̂, and the divergence guard
-   (:func:`~numpyro_sg.kernels.guard.guarded_update`): a blow-up freezes the chain, its
-   kernel fields included, and flags it ``diverging``.
+   (:func:`~numpyro_sg.kernels.guard.guarded_update` on the
+   :func:`~numpyro_sg.kernels.guard.guard_norm` of Lᵀĝ at the step taken): a blow-up freezes
+   the chain, its kernel fields included, and flags it ``diverging``.
 
 A gradient estimator is ``estimate(position, minibatch)``; it returns a
 :class:`~numpyro_sg.infer.minibatch.GradientEstimate` (value, ĝ, τ̂), or just the gradient
@@ -37,7 +38,7 @@ from jax.flatten_util import ravel_pytree
 
 from numpyro_sg.infer.minibatch import GradientEstimate
 from numpyro_sg.infer.preconditioner import Preconditioner, from_working, to_working
-from numpyro_sg.kernels.guard import all_finite, freeze, guarded_update, init_guard, rms
+from numpyro_sg.kernels.guard import all_finite, freeze, guard_norm, guarded_update, init_guard
 from numpyro_sg.kernels.moves import ema
 from numpyro_sg.kernels.step_size import step_size_at
 
@@ -70,8 +71,16 @@ def as_estimate(result, flat) -> GradientEstimate:
     return GradientEstimate(jnp.zeros((), flat.dtype), grad, jnp.full_like(flat, jnp.nan))
 
 
+def step_norm(grad_w, step_size, step_variance: Callable | None = None):
+    """The guard's :func:`~numpyro_sg.kernels.guard.guard_norm` of the working-frame gradient
+    at the step size actually taken; ``step_variance`` maps a step size that is a length (SGBD's
+    σ) to its Langevin ε (σ²), ``None`` when the step size is ε."""
+    step_size = step_size if step_variance is None else step_variance(step_size)
+    return guard_norm(grad_w, step_size)
+
+
 def gradient_init(state_class, position, estimate: Callable, minibatch, hyper, init_fields: Callable,
-                  precond: Preconditioner | None = None):
+                  precond: Preconditioner | None = None, step_variance: Callable | None = None):
     """A gradient kernel's state at ``position`` (a pytree), with ĝ on ``minibatch``.
 
     :param state_class: the kernel's state class (:func:`gradient_state`).
@@ -79,19 +88,23 @@ def gradient_init(state_class, position, estimate: Callable, minibatch, hyper, i
     :param hyper: the kernel's hyperparameters ``NamedTuple`` (``step_size`` first).
     :param init_fields: ``(noise_sd, hyper, dim, dtype) -> dict`` of the kernel's own fields.
     :param precond: the preconditioner M = L·Lᵀ (default the identity: ε in the units of ``position``).
+    :param step_variance: for the guard, ε of a step size that is a length (SGBD: ``jnp.square``).
     """
     precond = Preconditioner() if precond is None else precond
     flat, _ = ravel_pytree(position)
     est = as_estimate(estimate(position, minibatch), flat)
+    fields = init_fields(est.noise_sd, hyper, flat.shape[0], flat.dtype)
+    step_size = fields.get("step_size", step_size_at(hyper.step_size, 0, flat.dtype))
+    norm = step_norm(to_working(precond, est.grad), step_size, step_variance)
     return state_class(
         i=jnp.int32(0), z=position, log_density_grad=est.grad, grad_noise_sd=est.noise_sd, hyper=hyper,
-        precond=precond, anchor=None, moments=None, guard=init_guard(flat, rms(to_working(precond, est.grad))),
-        diverging=jnp.array(False), batch_state=None, rng_key=None,
-        **init_fields(est.noise_sd, hyper, flat.shape[0], flat.dtype),
+        precond=precond, anchor=None, moments=None, guard=init_guard(flat, norm),
+        diverging=jnp.array(False), batch_state=None, rng_key=None, **fields,
     )
 
 
-def gradient_step(rng_key, state, estimate: Callable, minibatch, move: Callable, noise_ema_weight=0.1):
+def gradient_step(rng_key, state, estimate: Callable, minibatch, move: Callable, noise_ema_weight=0.1,
+                  step_variance: Callable | None = None):
     """One iteration of a gradient kernel (pure; the module docstring lists its four parts).
 
     :param rng_key: the move's key.
@@ -100,6 +113,7 @@ def gradient_step(rng_key, state, estimate: Callable, minibatch, move: Callable,
     :param minibatch: the mini-batch on which ĝ is evaluated at the new point.
     :param move: the kernel's ``move(state, grad_w, noise_sd_w, step_size, key) -> (du, fields)``.
     :param float noise_ema_weight: β of the EMA τ̂ ← (1 − β)·τ̂ + β·τ̂_new.
+    :param step_variance: for the guard, ε of a step size that is a length (SGBD: ``jnp.square``).
     """
     flat, unravel = ravel_pytree(state.z)
     P = state.precond
@@ -107,10 +121,11 @@ def gradient_step(rng_key, state, estimate: Callable, minibatch, move: Callable,
     du, fields = move(state, to_working(P, state.log_density_grad), state.grad_noise_sd, eps, rng_key)
     new_flat = flat + from_working(P, du)
     est = as_estimate(estimate(unravel(new_flat), minibatch), new_flat)
-    finite = all_finite(new_flat) & jnp.isfinite(est.value) & all_finite(est.grad)
-    kept = guarded_update(state.guard, state.diverging, flat, new_flat, rms(to_working(P, est.grad)), finite)
-    diverging = kept.diverging
     fields = {"step_size": eps, **fields}
+    finite = all_finite(new_flat) & jnp.isfinite(est.value) & all_finite(est.grad)
+    norm = step_norm(to_working(P, est.grad), fields["step_size"], step_variance)
+    kept = guarded_update(state.guard, state.diverging, flat, new_flat, norm, finite)
+    diverging = kept.diverging
     return state._replace(
         i=state.i + 1,
         z=unravel(kept.flat),

@@ -280,7 +280,8 @@ class GradientKernel(SGKernel):
         batch_state = self._mb.init_batch_state(key_batch)
         indices, batch_state = self._mb.draw(key_idx, batch_state)
         estimate = self._estimator(anchor, precond, model_args, model_kwargs)
-        state = gradient_init(self.State, self._unravel(flat), estimate, indices, hyper, self._init_fields, precond)
+        state = gradient_init(self.State, self._unravel(flat), estimate, indices, hyper, self._init_fields, precond,
+                              self.step_variance)
         return state._replace(anchor=anchor, moments=init_moments(flat.shape[0], precond.kind == "dense", flat.dtype),
                               batch_state=batch_state, rng_key=key)
 
@@ -370,6 +371,8 @@ class GradientKernel(SGKernel):
     # -- what a kernel supplies -------------------------------------------------------------
     #: the kernel's functional step: its module's ``step(rng_key, state, estimate, minibatch, **options)``
     functional_step = None
+    #: for the guard, ε of a step size that is a length (SGBD's σ ↦ σ²); ``None``: the step size is ε
+    step_variance = None
 
     def step_options(self) -> dict:
         """The keyword options of :attr:`functional_step` (the kernel's settings)."""

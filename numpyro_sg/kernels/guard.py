@@ -1,8 +1,8 @@
 r"""Divergence guard shared by every kernel: detect a blow-up, freeze the chain, flag it.
 
 A chain *blows up* when its state, log density or gradient becomes non-finite, or when the
-norm of its gradient (in the kernel's working frame) grows past :data:`BLOWUP_FACTOR` times a
-reference norm learnt from the chain's first steps.  From then on the chain is *frozen* at its
+norm of its gradient (:func:`guard_norm`, the same for every kernel) grows past
+:data:`BLOWUP_FACTOR` times a reference norm learnt from the chain's first steps.  From then on the chain is *frozen* at its
 last safe point, its ``diverging`` flag stays ``True`` and the guard records the iteration
 (``guard.diverged_at``).  Nothing is reported from inside the compiled step (a host callback
 there would keep the sampling loop out of JAX's persistent compilation cache): NumPyro collects
@@ -12,7 +12,8 @@ there would keep the sampling loop out of JAX's persistent compilation cache): N
 
 Every kernel calls :func:`guarded_update` once per iteration with the proposed point::
 
-    kept = guarded_update(state.guard, state.diverging, flat, new_flat, grad_norm, finite)
+    kept = guarded_update(state.guard, state.diverging, flat, new_flat,
+                          guard_norm(grad_w, step_size), finite)
     # kept.flat: the point the chain keeps; kept.diverging; kept.guard: the new guard state
 """
 
@@ -26,7 +27,7 @@ import numpy as np
 
 from numpyro_sg.kernels.moves import ema
 
-__all__ = ["init_guard", "guarded_update", "all_finite"]
+__all__ = ["init_guard", "guarded_update", "guard_norm", "all_finite"]
 
 
 # -------------------------------------------------------------------------------------------
@@ -67,7 +68,7 @@ def guard_step(guard: DivergenceGuard, flat, grad_norm, finite):
     r"""Update the guard with a new point; return ``(blown_up, new_guard)``.
 
     A chain has *blown up* when its state, log density or gradient is not finite
-    (``finite`` False), or when the norm of its working-frame gradient exceeds
+    (``finite`` False), or when its :func:`guard_norm` exceeds
     :data:`BLOWUP_FACTOR` (1000) × the reference r.  r is the larger of the norms at the
     start and after the first step (a chain may start at the mode, where the gradient is 0),
     and after :data:`GUARD_BURN_IN` steps the lowest moving average of the norm seen so far
@@ -112,8 +113,8 @@ def guarded_update(guard: DivergenceGuard, diverging, flat, new_flat, grad_norm,
     :param diverging: the chain's flag before this iteration.
     :param flat: the chain's current point (flat); kept if it was already diverging.
     :param new_flat: the proposed point.
-    :param grad_norm: a scalar norm of the gradient at ``new_flat`` in the kernel's working
-        frame (e.g. :func:`rms`), compared with the guard's reference.
+    :param grad_norm: the :func:`guard_norm` of the gradient at ``new_flat``, compared with the
+        guard's reference.
     :param finite: whether the state, log density and gradient at ``new_flat`` are finite.
     :return: :class:`GuardedPoint` — ``new_flat`` when nothing blew up; otherwise the last safe
         point (the chain's last state before the blow-up), with ``diverging`` True from now on
@@ -131,9 +132,36 @@ def all_finite(x):
     return jnp.all(jnp.isfinite(x))
 
 
-def rms(x):
-    """Root mean square √(mean x²) of an array: the gradient norm the guard compares."""
-    return jnp.sqrt(jnp.mean(jnp.square(x)))
+def guard_norm(grad, step_size, mask=None):
+    r"""The gradient norm the divergence guard compares, the same for every kernel:
+
+    .. math::
+
+       \max\Big(1,\ \sqrt{\operatorname{mean}_j\, \varepsilon_j\,\hat g_j^2}\Big)
+
+    over the coordinates the step moves (``mask`` > 0; all without a mask), with ĝ the
+    gradient in the step's frame (the preconditioner's working frame, Lᵀĝ) and ε_j the
+    Langevin step variance of coordinate j there (a scalar or one entry per coordinate).
+    √ε_j·ĝ_j is twice the drift (ε_j/2)·ĝ_j in units of the step's noise sd √ε_j, so the norm
+    is scale-free: the same in any units of θ.  The floor 1, the level at which drift and
+    noise match, keeps a legitimate jump from a blow-up (a chain at the mode or an empty
+    spike-and-slab model has a gradient near 0, and any later gradient would otherwise exceed
+    it a thousandfold); a step past the stability limit makes the norm grow geometrically past
+    any floor.  A non-finite gradient makes it NaN.
+
+    >>> import jax.numpy as jnp
+    >>> float(guard_norm(jnp.array([1.0, 2.0]), jnp.array([4.0, 1.0])))   # √ε·ĝ = (2, 2)
+    2.0
+    >>> float(guard_norm(jnp.ones(3), 1e-6)), float(guard_norm(jnp.array([3.0, 9.0]), 1.0, jnp.array([1, 0])))
+    (1.0, 3.0)
+    """
+    terms = jnp.asarray(step_size) * jnp.square(grad)
+    if mask is None:
+        mean = jnp.mean(terms)
+    else:
+        on = jnp.asarray(mask) > 0
+        mean = jnp.sum(jnp.where(on, terms, 0.0)) / jnp.maximum(jnp.sum(on), 1)
+    return jnp.maximum(jnp.sqrt(mean), 1.0)
 
 
 def diverged_iterations(state) -> dict:

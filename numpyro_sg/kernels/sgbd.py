@@ -160,7 +160,7 @@ def init(position, estimate, minibatch, step_size, *, adapt_step_size=False, pre
     (a scalar or one entry per coordinate) in the units of ``precond`` (default: of ``position``)."""
     hyper = SGBDHyper(jnp.asarray(step_size, jnp.result_type(float)))
     fields = partial(sgbd_fields, adapt=bool(adapt_step_size))
-    return gradient_init(SGBDState, position, estimate, minibatch, hyper, fields, precond)
+    return gradient_init(SGBDState, position, estimate, minibatch, hyper, fields, precond, jnp.square)
 
 
 def step(rng_key, state, estimate, minibatch, *, variant="corrected", adapt_until=None,
@@ -168,7 +168,7 @@ def step(rng_key, state, estimate, minibatch, *, variant="corrected", adapt_unti
     """One SGBD iteration (pure; :func:`~numpyro_sg.kernels.core.gradient_step` with
     :func:`sgbd_move`).  The corrected variant and adaptation need τ̂ from the estimator."""
     move = partial(sgbd_move, variant=variant, adapt_until=adapt_until, correct_discretisation=correct_discretisation)
-    return gradient_step(rng_key, state, estimate, minibatch, move, noise_ema_weight)
+    return gradient_step(rng_key, state, estimate, minibatch, move, noise_ema_weight, jnp.square)
 
 
 class SGBD(GradientKernel):
@@ -260,6 +260,7 @@ class SGBD(GradientKernel):
         self.correct_discretisation = bool(correct_discretisation)
 
     functional_step = staticmethod(step)
+    step_variance = staticmethod(jnp.square)
 
     def step_options(self):
         until = {False: None, True: self._num_warmup, "always": float("inf")}[self.adapt_step_size]

@@ -20,7 +20,7 @@ The model (see :mod:`numpyro_sg.spike_slab`) has an indicator γ ∈ {0,1}^p, a 
    started from the last model of the previous iteration: the paper's reversible-jump chain
    (:mod:`~numpyro_sg.kernels.esgld.paper`) or, the default for a GLM likelihood, informed
    single flips accepted on a control-variate estimate of the log-likelihood
-   (:mod:`~numpyro_sg.kernels.esgld.informed`, :mod:`~numpyro_sg.kernels.esgld.control_variates`);
+   (:mod:`~numpyro_sg.kernels.esgld.informed`, :mod:`~numpyro_sg.kernels.esgld.targets`);
 3. one Langevin step on θ, :func:`~numpyro_sg.kernels.moves.langevin_move`: the paper's
    averages the gradient over the m models,
 
@@ -38,9 +38,10 @@ The model (see :mod:`numpyro_sg.spike_slab`) has an indicator γ ∈ {0,1}^p, a 
 Layout: :mod:`~numpyro_sg.kernels.esgld.options` (options, hyperparameters, static set-up),
 :mod:`~numpyro_sg.kernels.esgld.paper` (the reversible-jump proposal and chain),
 :mod:`~numpyro_sg.kernels.esgld.weights` (its proposal weights),
-:mod:`~numpyro_sg.kernels.esgld.targets` (indicator targets, coordinate tables, the
-model-averaged gradient), :mod:`~numpyro_sg.kernels.esgld.control_variates` and
-:mod:`~numpyro_sg.kernels.esgld.informed` (the default's moves),
+:mod:`~numpyro_sg.kernels.esgld.targets` (how both chains and the Langevin step evaluate
+the target: indicator targets, coordinate tables, acceptance and penalty, the model-averaged
+gradient and the control variates), :mod:`~numpyro_sg.kernels.esgld.informed` (the default's
+moves),
 :mod:`~numpyro_sg.kernels.esgld.warmup` (the start and Laplace step without the anchor),
 :mod:`~numpyro_sg.kernels.esgld.step` (the pure step) and
 :mod:`~numpyro_sg.kernels.esgld.kernel` (the :class:`ESGLD` shell).
@@ -53,15 +54,13 @@ the mini-batch.  Nothing is O(N) per iteration (but the default's anchors, O(N·
 
 from numpyro_sg.kernels.esgld.kernel import ESGLD
 from numpyro_sg.kernels.esgld.options import ESGLDOptions
-from numpyro_sg.kernels.esgld.paper import (  # noqa: F401
+from numpyro_sg.kernels.esgld.paper import move_probabilities, propose_move, rjmh_indicator_chain  # noqa: F401
+from numpyro_sg.kernels.esgld.targets import (  # noqa: F401
     IndicatorTarget,
     acceptance_probability,
-    move_probabilities,
-    propose_move,
-    rjmh_indicator_chain,
+    coordinate_table,
+    indicator_target,
 )
-from numpyro_sg.kernels.esgld.step import guard_norm  # noqa: F401
-from numpyro_sg.kernels.esgld.targets import coordinate_table, indicator_target  # noqa: F401
 from numpyro_sg.kernels.esgld.weights import (  # noqa: F401
     proposal_weights,
     resolve_proposal_weights,

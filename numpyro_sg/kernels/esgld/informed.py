@@ -3,7 +3,7 @@ r"""Informed, locally balanced moves on γ for ESGLD with a GLM likelihood (the 
 The candidates are the single flips c = (j, s): γ_j ← 1 − γ_j and θ_j ← s·θ_j, s ∈ {+1, −1}
 (only +1 without sign flips); each is an involution, so its reverse is itself.  With Δ̃_c the
 change of the surrogate log target (prior, from a per-coordinate table, plus the quadratic
-surrogate L̃ of :mod:`~numpyro_sg.kernels.esgld.control_variates`; :func:`flip_evidence`) the
+surrogate L̃ of :mod:`~numpyro_sg.kernels.esgld.targets`; :func:`flip_evidence`) the
 proposal is locally balanced (Zanella (2020), "Informed proposals for local MCMC in discrete
 spaces", g(t) = √t): q(c | x) ∝ exp(Δ̃_c / 2), births forbidden at size(γ) = q.  The change of
 L̃ when β_j changes by d is d·G_j + ½·H_jj·d², G = g + Hδ the surrogate gradient, carried
@@ -33,8 +33,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax, random
 
-from numpyro_sg.kernels.esgld.control_variates import CVBatch, GLMAnchor, hess_matvec, remainder_terms
-from numpyro_sg.kernels.esgld.paper import acceptance_probability, penalty
+from numpyro_sg.infer.minibatch import Anchor
+from numpyro_sg.kernels.esgld.targets import CVBatch, acceptance_probability, hess_matvec, penalty, remainder_terms
 from numpyro_sg.spike_slab import GLMFamily
 
 
@@ -137,7 +137,7 @@ class _Carry(NamedTuple):
 class _Context(NamedTuple):
     """What every step of the informed chain reads (fixed during the chain)."""
 
-    anchor: GLMAnchor
+    anchor: Anchor
     cvb: CVBatch
     family: Any
     prior: Any
@@ -181,7 +181,7 @@ def _informed_move(key, x: _Carry, ctx: _Context):
     return kept, accept, acceptance_probability(log_alpha, ok).astype(x.theta.dtype)
 
 
-def informed_indicator_chain(key, gamma, theta, anchor: GLMAnchor, cvb: CVBatch, family: GLMFamily,
+def informed_indicator_chain(key, gamma, theta, anchor: Anchor, cvb: CVBatch, family: GLMFamily,
                              table, prior: Callable | None = None, *, num_steps: int, max_size: int,
                              flip_sign: bool = True, penalty_fpc=None,
                              max_nonzero: int | None = None, total: Callable | None = None) -> InformedChain:
@@ -192,17 +192,17 @@ def informed_indicator_chain(key, gamma, theta, anchor: GLMAnchor, cvb: CVBatch,
     Each step draws c = (s, j) ∝ exp(Δ̃_c/2) (:func:`flip_evidence`), applies it, recomputes the
     evidence at the proposed state and accepts with probability
     min(1, exp(Δ log prior + ΔL̃ + Σ_i Δ(N/n)r_i + log q(c|x') − log q(c|x) − pen)), pen the
-    :func:`~numpyro_sg.kernels.esgld.paper.penalty` of the Δ(N/n)r_i when ``penalty_fpc`` is
+    :func:`~numpyro_sg.kernels.esgld.targets.penalty` of the Δ(N/n)r_i when ``penalty_fpc`` is
     given.  The log prior change is exact: from ``table`` when ``prior`` is ``None`` (a
     per-coordinate prior), else ``prior(theta, gamma)`` (every site outside the plate, O(p)).
     Cost per step: O(p) (evidence and H[:, j]) + O(n) (the remainder of the changed column).
 
-    :param anchor: the :class:`~numpyro_sg.kernels.esgld.control_variates.GLMAnchor`.
-    :param cvb: the mini-batch :class:`~numpyro_sg.kernels.esgld.control_variates.CVBatch`
+    :param anchor: the :class:`~numpyro_sg.infer.minibatch.Anchor`.
+    :param cvb: the mini-batch :class:`~numpyro_sg.kernels.esgld.targets.CVBatch`
         (at the anchor).
     :param table: (2, 2, p) coordinate prior table built at ``theta``.
     :param max_nonzero: bound on the non-zeros of β − β̂
-        (:func:`~numpyro_sg.kernels.esgld.control_variates.hess_matvec`).
+        (:func:`~numpyro_sg.kernels.esgld.targets.hess_matvec`).
     :param total: sums a mini-batch sum over data shards (``cvb`` one shard's rows; one
         reduction of one float per step, three with the penalty); ``None`` on one device.
     :return: an :class:`InformedChain`.
@@ -224,8 +224,8 @@ def informed_indicator_chain(key, gamma, theta, anchor: GLMAnchor, cvb: CVBatch,
     ctx = _Context(anchor, cvb, family, prior, evidence, hdiag, signs, penalty_fpc,
                    (lambda x: x) if total is None else total)
     beta = theta * gamma.astype(theta.dtype)
-    G0 = anchor.grad + hess_matvec(anchor.hess, beta - anchor.beta, max_nonzero)
-    eta0 = cvb.eta_hat + cvb.Xt.T @ (beta - anchor.beta)
+    G0 = anchor.grad + hess_matvec(anchor.hess, beta - anchor.point, max_nonzero)
+    eta0 = cvb.eta_hat + cvb.Xt.T @ (beta - anchor.point)
     lp0 = jnp.zeros((), theta.dtype) if prior is None else prior(theta, gamma)
     x0 = _Carry(gamma, theta, G0, eta0, remainder_terms(cvb, family, eta0), lp0, evidence(gamma, theta, G0))
 

@@ -281,7 +281,7 @@ class ESGLDSetup:
 
     @property
     def anchored(self) -> bool:
-        """True when the chain carries a control-variate anchor (``GLMAnchor``)."""
+        """True when the chain carries a control-variate anchor (``Anchor``)."""
         laplace_from_anchor = self.preconditioner == "laplace" and self.laplace_index is None
         return self.proposal == "informed" or self.gradient == "cv" or laplace_from_anchor
 

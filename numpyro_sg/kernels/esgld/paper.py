@@ -14,16 +14,17 @@ Noisy acceptance: the mini-batch estimate of the log-likelihood difference of a 
 Σ_{i∈S} a_i with a_i = (N/n)·Δℓ_i, has variance σ̂² = n·var_i(a_i) (times 1 − n/N without
 replacement); the penalty method for noisy Metropolis–Hastings (Ceperley & Dewing (1999),
 "The penalty method for random walks with uncertain energies") subtracts σ̂²/2 from the log
-acceptance ratio (:func:`penalty`).
+acceptance ratio (:func:`~numpyro_sg.kernels.esgld.targets.penalty`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 from jax import lax, random
 
+from numpyro_sg.kernels.esgld.targets import IndicatorTarget, acceptance_probability, penalty
 from numpyro_sg.kernels.guard import freeze
 
 
@@ -142,45 +143,6 @@ def apply_proposal(gamma, theta, prop: Proposal):
     return g2, t2
 
 
-def penalty(delta_terms, fpc=1.0, total=None):
-    """σ̂²/2 with σ̂² = n·var_i(a_i)·fpc, a_i the scaled per-datum log-likelihood differences.
-
-    The penalty method for a noisy Metropolis–Hastings ratio subtracts it from the log
-    acceptance ratio; ``fpc`` is the finite-population correction (1 − n/N without
-    replacement, 1 with replacement).  Zero for n < 2.  ``total`` sums (n, Σa, Σa²) over
-    data shards (``delta_terms`` one shard's rows), ``None`` on one device.
-
-    **Example:**
-
-    .. code-block:: python
-
-        penalty(jnp.array([1.0, -1.0, 3.0]))    # 0.5 · 3 · var = 6.0
-    """
-    n = delta_terms.shape[0]
-    if total is None:
-        if n < 2:
-            return jnp.zeros((), delta_terms.dtype)
-        return 0.5 * n * jnp.var(delta_terms, ddof=1) * fpc
-    n, s1, s2 = total(jnp.stack([jnp.asarray(n, delta_terms.dtype), jnp.sum(delta_terms),
-                                 jnp.sum(delta_terms**2)]))
-    var = (s2 - s1 * s1 / n) / jnp.maximum(n - 1.0, 1.0)
-    return jnp.where(n >= 2, 0.5 * n * jnp.maximum(var, 0.0) * fpc, 0.0)
-
-
-class IndicatorTarget(NamedTuple):
-    """How :func:`rjmh_indicator_chain` evaluates log π(γ, θ | X_S) (pure callables).
-
-    ``init(gamma, theta) -> carry`` evaluates the start; ``update(carry, gamma, theta, gamma2,
-    theta2, proposal) -> (d_log_prior, d_terms, carry2)`` the proposal (γ2, θ2): the change of
-    the log prior (every site outside the plate) and of the (n,) scaled per-datum
-    log-likelihood terms, and the carry at (γ2, θ2).  Build one with
-    :func:`generic_indicator_target`, :func:`glm_indicator_target` or :func:`indicator_target`.
-    """
-
-    init: Callable
-    update: Callable
-
-
 class IndicatorChain(NamedTuple):
     """Result of :func:`rjmh_indicator_chain`: ``gamma`` the last model (int32, (p,)), ``theta``
     θ after the accepted sign flips, ``gammas`` the chain's states (num_steps, p),
@@ -193,18 +155,6 @@ class IndicatorChain(NamedTuple):
     gammas: Any
     num_accepted: Any
     accept_prob: Any = None
-
-
-def acceptance_probability(log_ratio, valid=True):
-    """min(1, exp(``log_ratio``)) where ``valid`` and the ratio is not NaN, else 0: the
-    Metropolis–Hastings acceptance probability of one proposal.
-
-    >>> import jax.numpy as jnp
-    >>> acceptance_probability(jnp.array([-jnp.inf, jnp.log(0.5), 3.0, jnp.nan])).tolist()
-    [0.0, 0.5, 1.0, 0.0]
-    """
-    ok = valid & ~jnp.isnan(log_ratio)
-    return jnp.where(ok, jnp.exp(jnp.minimum(jnp.where(ok, log_ratio, -jnp.inf), 0.0)), 0.0)
 
 
 def rjmh_indicator_chain(key, gamma, theta, weights, target: IndicatorTarget, *, num_steps: int,

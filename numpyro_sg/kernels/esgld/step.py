@@ -10,9 +10,10 @@ r"""One ESGLD iteration as a pure function of the state and the data (:func:`esg
    (``preconditioner=None``) or ε_j = h·v_j (``"laplace"``);
 4. the divergence guard (:func:`~numpyro_sg.kernels.guard.guarded_update`) on the whole state
    ``z`` (continuous sites, indicator and inclusion outputs, flattened): a non-finite point,
-   log density or gradient, or a gradient norm (:func:`guard_norm`, the drift in units of the
-   injected noise, scale-free) that explodes past the reference learnt from the first steps
-   freezes the chain at its last safe point and sets ``diverging`` from then on.
+   log density or gradient, or a gradient norm (:func:`~numpyro_sg.kernels.guard.guard_norm`,
+   the drift in units of the injected noise, scale-free) that explodes past the reference
+   learnt from the first steps freezes the chain at its last safe point and sets
+   ``diverging`` from then on.
 """
 
 from __future__ import annotations
@@ -25,20 +26,22 @@ import jax.numpy as jnp
 from jax import lax, random
 from jax.flatten_util import ravel_pytree
 
-from numpyro_sg.kernels.esgld.control_variates import (
-    GLMAnchor,
-    cv_batch,
-    cv_loglik_gradient,
-    glm_anchor,
-    hess_matvec,
-    laplace_step_scale,
-)
+from numpyro_sg.infer.minibatch import Anchor
 from numpyro_sg.kernels.esgld.informed import informed_indicator_chain
 from numpyro_sg.kernels.esgld.options import ESGLDHyper, ESGLDSetup
 from numpyro_sg.kernels.esgld.paper import rjmh_indicator_chain
 from numpyro_sg.kernels.esgld.warmup import LaplaceScales, laplace_scales, prior_curvature, warmup_step_scale
-from numpyro_sg.kernels.esgld.targets import coordinate_prior_table, indicator_target, model_averaged_gradient
-from numpyro_sg.kernels.guard import all_finite, guarded_update, init_guard, rms
+from numpyro_sg.kernels.esgld.targets import (
+    coordinate_prior_table,
+    cv_batch,
+    cv_loglik_gradient,
+    glm_anchor,
+    hess_matvec,
+    indicator_target,
+    laplace_step_scale,
+    model_averaged_gradient,
+)
+from numpyro_sg.kernels.guard import all_finite, guard_norm, guarded_update, init_guard
 from numpyro_sg.kernels.moves import langevin_move, langevin_noise_variance
 from numpyro_sg.kernels.step_size import step_size_at
 
@@ -55,7 +58,7 @@ class ESGLDState(NamedTuple):
     weights w; ``guard`` the :class:`~numpyro_sg.kernels.guard.DivergenceGuard` (its safe point
     is the flattened ``z``); ``diverging`` True from the first blow-up on (the chain is then
     frozen); ``batch_state`` the index-drawing state; ``rng_key`` the chain's key; ``anchor``
-    the control-variate :class:`~numpyro_sg.kernels.esgld.control_variates.GLMAnchor`
+    the control-variate :class:`~numpyro_sg.infer.minibatch.Anchor`
     (``None`` for the paper's algorithm).
     """
 
@@ -88,22 +91,6 @@ class LangevinInput(NamedTuple):
     chain: Any
     rb: Any = None
     anchor: Any = None
-
-
-def guard_norm(eps, grad):
-    """max(rms(√ε⊙ĝ), 1): the gradient norm the guard compares, in the step's scaled frame
-    (rms(√ε⊙ĝ) is twice the drift (ε/2)·ĝ in units of the injected noise sd √ε, so it is
-    scale-free), floored at 1, the level at which the drift matches the noise.  The floor
-    keeps a legitimate jump from a blow-up: at the paper's small ε the empty model's
-    spike-only gradient gives a tiny norm, and the first strong variable to enter would
-    otherwise exceed it a thousandfold; an unstable step still grows geometrically past
-    any floor.
-
-    >>> import jax.numpy as jnp
-    >>> float(guard_norm(jnp.array([4.0, 1.0]), jnp.array([1.0, 2.0]))), float(guard_norm(1e-6, jnp.ones(3)))
-    (2.0, 1.0)
-    """
-    return jnp.maximum(rms(jnp.sqrt(eps) * grad), 1.0)
 
 
 def esgld_initial_state(setup: ESGLDSetup, params, gamma, weights, hyper: ESGLDHyper, key) -> ESGLDState:
@@ -139,10 +126,10 @@ def esgld_initial_state(setup: ESGLDSetup, params, gamma, weights, hyper: ESGLDH
 
 def _initial_anchor(setup: ESGLDSetup, p: int, d: int, dtype):
     """A placeholder of the state's anchor, computed at iteration 0: the control-variate
-    ``GLMAnchor``, the :class:`~numpyro_sg.kernels.esgld.warmup.LaplaceScales` of the Laplace
+    ``Anchor``, the :class:`~numpyro_sg.kernels.esgld.warmup.LaplaceScales` of the Laplace
     step, or ``None``."""
     if setup.anchored:
-        return GLMAnchor(jnp.zeros((p,), dtype), jnp.zeros((p,), dtype), jnp.zeros((p, p), dtype))
+        return Anchor(jnp.zeros((p,), dtype), jnp.zeros((p,), dtype), jnp.zeros((p, p), dtype))
     if setup.laplace_index is not None:
         return LaplaceScales(jnp.zeros((p,), dtype), jnp.ones((d,), dtype))
     return None
@@ -156,7 +143,7 @@ def esgld_step(setup: ESGLDSetup, state: ESGLDState, model_args, model_kwargs) -
     control-variate anchor (``setup.anchored``: informed proposals, ``gradient="cv"`` or the
     Laplace step): re-anchor at the iterations ``setup.anchor_steps``; θ' = θ + (ε/2)⊙ĝ +
     N(0, ε·τ) at the last model γ_m with ĝ = ∇_θ log π(θ|γ_m) + γ_m⊙∇_β L̂ and ε_j = h·v_j
-    (:func:`~numpyro_sg.kernels.esgld.control_variates.laplace_step_scale`).
+    (:func:`~numpyro_sg.kernels.esgld.targets.laplace_step_scale`).
 
     **Example:**
 
@@ -174,7 +161,7 @@ def esgld_step(setup: ESGLDSetup, state: ESGLDState, model_args, model_kwargs) -
     finite = all_finite(new_flat) & jnp.isfinite(li.value) & all_finite(li.grad)
     old_z, unravel_z = ravel_pytree(state.z)
     new_z = ravel_pytree(setup.pack(new_flat, li.chain.gammas, li.rb))[0]
-    kept = guarded_update(state.guard, state.diverging, old_z, new_z, guard_norm(li.eps, li.grad), finite)
+    kept = guarded_update(state.guard, state.diverging, old_z, new_z, guard_norm(li.grad, li.eps), finite)
     z = unravel_z(kept.flat)
     return state._replace(
         i=state.i + 1,
@@ -262,7 +249,7 @@ def _anchored_input(setup, state, params, gamma, indices, key, model_args, model
     dtype = theta.dtype
     glm_batch = ss.glm_batch_fn(model_args, model_kwargs)
     anchor = _current_anchor(setup, state, values, glm_batch, dtype)
-    cvb = cv_batch(glm_batch(values, anchor.beta, indices), family)
+    cvb = cv_batch(glm_batch(values, anchor.point, indices), family)
     prior_fn = ss.prior_fn(model_args, model_kwargs)
 
     def log_prior(th, g):
@@ -302,7 +289,7 @@ def _cv_value_and_grad(setup, chain, th, anchor, cvb, prior_at):
     if setup.proposal == "informed":
         G, eta = chain.surrogate_grad, chain.eta
     else:
-        delta = th * gm - anchor.beta
+        delta = th * gm - anchor.point
         G = anchor.grad + hess_matvec(anchor.hess, delta, 2 * setup.max_model_size)
         eta = cvb.eta_hat + cvb.Xt.T @ delta
     prior_value, prior_grad = jax.value_and_grad(prior_at)(th)

@@ -1,23 +1,106 @@
-"""How the chains on γ evaluate the target, and the paper's model-averaged gradient.
+r"""How ESGLD evaluates its target: the indicator targets of the chains on γ, their
+acceptance and penalty, the paper's model-averaged gradient, and the control variates.
 
-An :class:`~numpyro_sg.kernels.esgld.paper.IndicatorTarget` evaluates log π(γ, θ | X_S)
-proposal by proposal: :func:`glm_indicator_target` updates the linear predictor of a GLM
-likelihood for the one or two changed coordinates (O(n)), :func:`generic_indicator_target`
-runs the model; :func:`coordinate_table` holds a per-coordinate prior at ±θ.
-:func:`model_averaged_gradient` is the gradient of the Langevin step of Song, Sun, Ye &
-Liang (2020), "Extended stochastic gradient MCMC for large-scale Bayesian variable
-selection": (1/m)·Σ_k ∇_θ log π(θ | γ_k, X_S).
+**Indicator targets.** An :class:`IndicatorTarget` evaluates log π(γ, θ | X_S) proposal by
+proposal: :func:`glm_indicator_target` updates the linear predictor of a GLM likelihood for
+the one or two changed coordinates (O(n)), :func:`generic_indicator_target` runs the model;
+:func:`coordinate_table` holds a per-coordinate prior at ±θ.  :func:`acceptance_probability`
+is the Metropolis–Hastings probability of one proposal; :func:`penalty` the penalty method
+for a noisy ratio (Ceperley & Dewing (1999), "The penalty method for random walks with
+uncertain energies"): the mini-batch estimate of a proposal's log-likelihood difference,
+Σ_{i∈S} a_i with a_i = (N/n)·Δℓ_i, has variance σ̂² = n·var_i(a_i) (times 1 − n/N without
+replacement), and σ̂²/2 is subtracted from the log acceptance ratio.
+
+**The paper's gradient.** :func:`model_averaged_gradient` is the gradient of the Langevin
+step of Song, Sun, Ye & Liang (2020), "Extended stochastic gradient MCMC for large-scale
+Bayesian variable selection": (1/m)·Σ_k ∇_θ log π(θ | γ_k, X_S).
+
+**Control variates** for a GLM likelihood ℓ_i(η_i), η = X·β, β = θ·γ (the default ESGLD).
+Around an anchor β̂ (an :class:`~numpyro_sg.infer.minibatch.Anchor` with its Hessian,
+:func:`glm_anchor`) each datum's term is expanded to second order in η̂_i = x_iᵀβ̂,
+
+.. math::
+
+   \tilde\ell_i(\eta) = \ell_i(\hat\eta_i) + \ell_i'(\hat\eta_i)(\eta-\hat\eta_i)
+                        + \tfrac12\ell_i''(\hat\eta_i)(\eta-\hat\eta_i)^2 ,
+
+whose full-data sum is the quadratic L̃(β) = L(β̂) + gᵀδ + ½ δᵀHδ, δ = β − β̂, with
+g = Σ_i x_i ℓ'_i(η̂_i) and H = Σ_i x_i x_iᵀ ℓ''_i(η̂_i) computed once per anchor (O(N·p²),
+one matrix product).  The log-likelihood is estimated by
+
+.. math::
+
+   \hat L(\beta) = \tilde L(\beta) + \frac{N}{n}\sum_{i\in S} r_i(\beta),\qquad
+   r_i = \ell_i - \tilde\ell_i ,
+
+unbiased for L(β), exact for a Gaussian likelihood (r_i ≡ 0) and with a noise that scales
+with the third derivative and ‖η − η̂‖³ otherwise (:func:`remainder_terms`); its gradient is
+:func:`cv_loglik_gradient`.  :func:`laplace_step_scale` is the conditional posterior variance
+of θ_j under L̃, the unit of the default step size.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
-from numpyro_sg.kernels.esgld.paper import IndicatorTarget
+from numpyro_sg.infer.minibatch import Anchor
 from numpyro_sg.spike_slab import GLMBatch, GLMFamily, SpikeSlab
+
+
+class IndicatorTarget(NamedTuple):
+    """How :func:`~numpyro_sg.kernels.esgld.paper.rjmh_indicator_chain` evaluates
+    log π(γ, θ | X_S) (pure callables).
+
+    ``init(gamma, theta) -> carry`` evaluates the start; ``update(carry, gamma, theta, gamma2,
+    theta2, proposal) -> (d_log_prior, d_terms, carry2)`` the proposal (γ2, θ2): the change of
+    the log prior (every site outside the plate) and of the (n,) scaled per-datum
+    log-likelihood terms, and the carry at (γ2, θ2).  Build one with
+    :func:`generic_indicator_target`, :func:`glm_indicator_target` or :func:`indicator_target`.
+    """
+
+    init: Callable
+    update: Callable
+
+
+def acceptance_probability(log_ratio, valid=True):
+    """min(1, exp(``log_ratio``)) where ``valid`` and the ratio is not NaN, else 0: the
+    Metropolis–Hastings acceptance probability of one proposal.
+
+    >>> import jax.numpy as jnp
+    >>> acceptance_probability(jnp.array([-jnp.inf, jnp.log(0.5), 3.0, jnp.nan])).tolist()
+    [0.0, 0.5, 1.0, 0.0]
+    """
+    ok = valid & ~jnp.isnan(log_ratio)
+    return jnp.where(ok, jnp.exp(jnp.minimum(jnp.where(ok, log_ratio, -jnp.inf), 0.0)), 0.0)
+
+
+def penalty(delta_terms, fpc=1.0, total=None):
+    """σ̂²/2 with σ̂² = n·var_i(a_i)·fpc, a_i the scaled per-datum log-likelihood differences.
+
+    The penalty method for a noisy Metropolis–Hastings ratio subtracts it from the log
+    acceptance ratio; ``fpc`` is the finite-population correction (1 − n/N without
+    replacement, 1 with replacement).  Zero for n < 2.  ``total`` sums (n, Σa, Σa²) over
+    data shards (``delta_terms`` one shard's rows), ``None`` on one device.
+
+    **Example:**
+
+    .. code-block:: python
+
+        penalty(jnp.array([1.0, -1.0, 3.0]))    # 0.5 · 3 · var = 6.0
+    """
+    n = delta_terms.shape[0]
+    if total is None:
+        if n < 2:
+            return jnp.zeros((), delta_terms.dtype)
+        return 0.5 * n * jnp.var(delta_terms, ddof=1) * fpc
+    n, s1, s2 = total(jnp.stack([jnp.asarray(n, delta_terms.dtype), jnp.sum(delta_terms),
+                                 jnp.sum(delta_terms**2)]))
+    var = (s2 - s1 * s1 / n) / jnp.maximum(n - 1.0, 1.0)
+    return jnp.where(n >= 2, 0.5 * n * jnp.maximum(var, 0.0) * fpc, 0.0)
 
 
 def generic_indicator_target(terms: Callable) -> IndicatorTarget:
@@ -171,3 +254,132 @@ def coordinate_prior_table(ss: SpikeSlab, values, theta, model_args, model_kwarg
     cp = ss.coordinate_prior_fn(model_args, model_kwargs)
     both = jax.vmap(lambda t: cp(values, t))(jnp.stack([theta, -theta]))
     return coordinate_table(*(jax.tree.map(lambda a, s=s: a[s], both) for s in (0, 1)))
+
+
+#: supports up to this size use a small gather in :func:`hess_matvec`
+_SMALL_SUPPORT = 64
+
+
+class CVBatch(NamedTuple):
+    """The mini-batch of a control-variate estimate: ``Xt`` the design rows transposed (p, n),
+    ``y``, ``params``, ``scale`` = N/n, and at the anchor ``eta_hat`` η̂_i, ``ll_hat`` ℓ_i(η̂_i),
+    ``d1_hat`` ℓ'_i(η̂_i), ``d2_hat`` ℓ''_i(η̂_i)."""
+
+    Xt: Any
+    y: Any
+    params: Any
+    scale: Any
+    eta_hat: Any
+    ll_hat: Any
+    d1_hat: Any
+    d2_hat: Any
+
+
+def glm_anchor(full: GLMBatch, family: GLMFamily, beta, total=None) -> Anchor:
+    """The second-order :class:`~numpyro_sg.infer.minibatch.Anchor` of a GLM log-likelihood at
+    β̂ = ``beta``: g = Σ_i x_i·ℓ'_i(η̂_i) and H = Σ_i x_i x_iᵀ·ℓ''_i(η̂_i) of the full data ``full`` (a
+    :class:`~numpyro_sg.spike_slab.GLMBatch` at β̂ = ``beta``, scale 1): O(N·p²), one product.
+    ``total`` sums g and H over data shards (``full`` one shard's rows; one reduction of
+    p + p² floats), ``None`` on one device.
+
+    **Example:**
+
+    .. code-block:: python
+
+        anchor = glm_anchor(ss.glm_batch_fn((X, y))({"theta": b}, b), ss.glm.family, b)
+    """
+    d1 = full.scale * family.dloglik(full.eta, full.y, full.params)
+    d2 = full.scale * family.d2loglik(full.eta, full.y, full.params)
+    X = full.X
+    grad, hess = X.T @ d1, X.T @ (d2[:, None] * X)
+    if total is not None:
+        grad, hess = total((grad, hess))
+    return Anchor(jnp.asarray(beta, grad.dtype), grad, 0.5 * (hess + hess.T))
+
+
+def cv_batch(batch: GLMBatch, family: GLMFamily) -> CVBatch:
+    """The :class:`CVBatch` of a mini-batch ``batch`` whose ``eta`` is taken at the anchor β̂.
+
+    **Example:**
+
+    .. code-block:: python
+
+        cvb = cv_batch(ss.glm_batch_fn((X, y))(values, anchor.point, indices), ss.glm.family)
+    """
+    eta, y, params = batch.eta, batch.y, batch.params
+    return CVBatch(batch.X.T, y, params, batch.scale, eta, family.loglik(eta, y, params),
+                   family.dloglik(eta, y, params), family.d2loglik(eta, y, params))
+
+
+def remainder_terms(cvb: CVBatch, family: GLMFamily, eta):
+    """(N/n)·r_i with r_i = ℓ_i(η_i) − ℓ̃_i(η_i), ℓ̃ the second-order expansion at η̂_i: the
+    mini-batch part of the control-variate estimate L̂ (zero for a Gaussian likelihood).
+
+    **Example:**
+
+    .. code-block:: python
+
+        remainder_terms(cvb, fam, cvb.eta_hat)      # zeros: the expansion is exact at η̂
+    """
+    u = eta - cvb.eta_hat
+    approx = cvb.ll_hat + cvb.d1_hat * u + 0.5 * cvb.d2_hat * u * u
+    return cvb.scale * (family.loglik(eta, cvb.y, cvb.params) - approx)
+
+
+def hess_matvec(hess, v, max_nonzero: int | None = None):
+    """H·v for a symmetric H, reading only the rows of the (at most ``max_nonzero``) non-zero
+    entries of v: O(p·k) instead of O(p²) (δ = β − β̂ is sparse when β and β̂ are models of
+    at most q variables, k = 2q; a support of at most 64 reads 64 rows).  ``None``: the
+    dense product.
+
+    **Example:**
+
+    .. code-block:: python
+
+        hess_matvec(H, beta - anchor.point, 2 * q)
+    """
+    if max_nonzero is None or max_nonzero >= v.shape[0]:
+        return hess @ v
+    count = jnp.sum(v != 0)
+
+    def gathered(k):
+        idx = jnp.nonzero(v != 0, size=k, fill_value=0)[0]
+        return jnp.where(jnp.arange(k) < count, v[idx], 0.0) @ hess[idx]
+
+    small = min(_SMALL_SUPPORT, max_nonzero)
+    if small == max_nonzero:
+        return gathered(max_nonzero)
+    return lax.cond(count <= small, lambda: gathered(small), lambda: gathered(max_nonzero))
+
+
+def cv_loglik_gradient(surrogate_grad, cvb: CVBatch, family: GLMFamily, eta, total=None):
+    """∇_β L̂ = G + Xᵀ_S·(N/n)·(ℓ'_i(η_i) − ℓ'_i(η̂_i) − ℓ''_i(η̂_i)·(η_i − η̂_i)): the
+    control-variate gradient of the log-likelihood in β at the state whose surrogate gradient
+    is G = g + H·(β − β̂) and mini-batch predictor η (O(n·p)).  ``total`` sums the mini-batch
+    part over data shards (``cvb`` one shard's rows), ``None`` on one device.
+
+    **Example:**
+
+    .. code-block:: python
+
+        grad_beta = cv_loglik_gradient(chain.surrogate_grad, cvb, fam, chain.eta)
+    """
+    u = eta - cvb.eta_hat
+    a = cvb.scale * (family.dloglik(eta, cvb.y, cvb.params) - cvb.d1_hat - cvb.d2_hat * u)
+    batch_part = cvb.Xt @ a
+    return surrogate_grad + (batch_part if total is None else total(batch_part))
+
+
+def laplace_step_scale(gamma, hess_diag, prior_curvature, floor=1e-12):
+    """v_j = 1 / (γ_j·(−H_jj) − ∂²log π(θ|γ)/∂θ_j²): the conditional posterior variance of θ_j
+    under the quadratic surrogate, which makes ε_j = h·v_j a dimensionless step h
+    ("ε in units of the posterior scale"; excluded coordinates get their spike variance).
+
+    **Example:**
+
+    .. code-block:: python
+
+        v = laplace_step_scale(gamma, jnp.diag(anchor.hess), -1 / prior_var)
+    """
+    prec = gamma.astype(hess_diag.dtype) * (-hess_diag) - prior_curvature
+    return 1.0 / jnp.maximum(prec, floor)
