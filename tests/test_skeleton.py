@@ -16,7 +16,7 @@ from numpyro_sg.kernels.guard import (
     init_guard,
     rms,
 )
-from numpyro_sg.kernels.moves import mala_step
+from numpyro_sg.kernels.sparse_async.updates import mala_step
 from numpyro_sg.kernels.step_size import (
     CallableSchedule,
     PolynomialSchedule,

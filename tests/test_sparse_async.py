@@ -16,7 +16,7 @@ from scipy import stats
 
 import numpyro_sg as nsg
 from numpyro_sg import datasets as ds
-from numpyro_sg.kernels.moves import langevin_move, mala_step
+from numpyro_sg.kernels.moves import langevin_move
 from numpyro_sg.kernels.sparse_async import (
     async_inclusion_logits,
     async_update,
@@ -30,8 +30,8 @@ from numpyro_sg.kernels.sparse_async import (
     robbins_monro,
     sequential_sweep,
 )
-from numpyro_sg.kernels.sparse_async.gradients import evaluation_shift
 from numpyro_sg.kernels.sparse_async.options import bucket_sizes
+from numpyro_sg.kernels.sparse_async.updates import evaluation_shift, mala_step
 from numpyro_sg.results.selection import inclusion_probabilities, relative_error
 from numpyro_sg.spike_slab import GLM_FAMILIES
 

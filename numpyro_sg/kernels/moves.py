@@ -6,7 +6,6 @@ the preconditioner (:mod:`numpyro_sg.infer.preconditioner`).
 
 * the Langevin move :func:`langevin_move` and its injected-noise variance
   :func:`langevin_noise_variance` (noise correction of c-SGLD, discretisation correction);
-* one Metropolis-adjusted Langevin step :func:`mala_step`;
 * the exponential moving average :func:`ema` of the gradient-noise estimate.
 
 Divergence handling lives in :mod:`numpyro_sg.kernels.guard`.
@@ -14,12 +13,9 @@ Divergence handling lives in :mod:`numpyro_sg.kernels.guard`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
-
 import jax.numpy as jnp
-from jax import random
 
-__all__ = ["langevin_move", "langevin_noise_variance", "mala_step", "ema"]
+__all__ = ["langevin_move", "langevin_noise_variance", "ema"]
 
 
 # -------------------------------------------------------------------------------------------
@@ -44,41 +40,6 @@ def langevin_noise_variance(step_size, temperature=1.0, noise_sd=None, correct_d
 def langevin_move(x, grad, step_size, noise, noise_variance):
     """x + (ε/2)·ĝ + √v·ξ with ξ = ``noise`` ~ N(0, I) and v = ``noise_variance``."""
     return x + 0.5 * step_size * grad + jnp.sqrt(noise_variance) * noise
-
-
-class MALAResult(NamedTuple):
-    """One MALA step: the new point, its log density and gradient, the acceptance probability."""
-
-    x: Any
-    log_density: Any
-    grad: Any
-    accept_prob: Any
-
-
-def mala_step(key, x, log_density, grad, logp_grad_fn: Callable, step_size, mask=None) -> MALAResult:
-    r"""One Metropolis-adjusted Langevin step targeting exp(log π).
-
-    Proposal x* = x + (ε/2)·∇log π(x) + √ε·ξ (coordinates where ``mask`` is 0 stay put),
-    accepted with probability min(1, π(x*)q(x | x*) / (π(x)q(x* | x))), q the Gaussian
-    proposal density.  ``log_density`` and ``grad`` are log π and its gradient at x;
-    ``logp_grad_fn(x) -> (log π, ∇ log π)``.
-    """
-    k_noise, k_acc = random.split(key)
-    noise = random.normal(k_noise, jnp.shape(x), jnp.result_type(x))
-    if mask is not None:
-        noise, grad = noise * mask, grad * mask
-    prop = x + 0.5 * step_size * grad + jnp.sqrt(step_size) * noise
-    lp1, g1 = logp_grad_fn(prop)
-    if mask is not None:
-        g1 = g1 * mask
-    fwd = -jnp.sum((prop - x - 0.5 * step_size * grad) ** 2) / (2 * step_size)
-    bwd = -jnp.sum((x - prop - 0.5 * step_size * g1) ** 2) / (2 * step_size)
-    log_a = lp1 - log_density + bwd - fwd
-    log_a = jnp.where(jnp.isfinite(log_a), log_a, -jnp.inf)
-    accept_prob = jnp.exp(jnp.minimum(log_a, 0.0))
-    take = random.uniform(k_acc, (), jnp.result_type(x)) < accept_prob
-    pick = lambda a, b: jnp.where(take, a, b)  # noqa: E731
-    return MALAResult(pick(prop, x), pick(lp1, log_density), pick(g1, grad), accept_prob)
 
 
 def ema(previous, current, weight):

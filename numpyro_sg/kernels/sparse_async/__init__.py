@@ -19,8 +19,9 @@ a = u·log p + ½·log(ρ0/ρ1)).  One iteration:
   the active block [θ]_δ is moved by a kernel invariant for its conditional
   exp(log p([θ]_δ | δ) + ℓ((θ, 0)_δ)): an exact Gaussian draw (``inner="gaussian"``, Gaussian
   likelihood with known scale, linear predictor X·β; :func:`gaussian_block_draw`), one MALA
-  step (``inner="mala"``), or, for ``variant="sgld"``, one SGLD step on a mini-batch (both
-  :func:`block_move`, on the shared moves of :mod:`numpyro_sg.kernels.moves`).
+  step (``inner="mala"``; :func:`~.updates.mala_step`), or, for ``variant="sgld"``, one SGLD
+  step on a mini-batch (on the shared Langevin move of :mod:`numpyro_sg.kernels.moves`; both
+  :func:`block_move`).
 * **STEP 2.** A uniformly random subset J of J = ``update_size`` coordinates is chosen
   (:func:`draw_subset`) and their indicators are redrawn: ``variant="exact"`` (Alg. 1)
   sequentially from q_j (:func:`sequential_sweep`); ``variant="async"`` (Alg. 2) all in
@@ -49,31 +50,31 @@ chosen subset is drawn in O(J) (first J distinct values of 2J uniform integers; 
 uniform draw of a J-subset).  Otherwise a dense path (:mod:`.dense`) evaluates the model on the
 full data (mini-batch for ``"sgld"``) for any model of the spike-and-slab form.
 
-Layout: :mod:`.indicators` (STEP 2), :mod:`.gradients` (the asynchronous gradient),
-:mod:`.block` (STEP 1 moves), :mod:`.glm` and :mod:`.dense` (one iteration on either path),
-:mod:`.options` and :mod:`.setup` (options, plan, constants, start), :mod:`.step` (the state
-and the pure step with the divergence guard), :mod:`.sharded` (the fast path on data split
-over a mesh), :mod:`.kernel` (the NumPyro shell
-:class:`SparseAsync`, hyperparameter ε in ``state.hyper``: :class:`SparseAsyncHyper`).
+Layout: :mod:`.step` (the state and the pure step with the divergence guard) runs one
+iteration on either path, :mod:`.glm` (the fast path, with its asynchronous gradient) or
+:mod:`.dense` (the generic path, likewise), both built on :mod:`.updates` (the shared STEP 1
+moves, STEP 2 indicator updates and evaluation point); :mod:`.options` and :mod:`.setup`
+(options, plan, constants, start), :mod:`.sharded` (the fast path on data split over a mesh),
+:mod:`.kernel` (the NumPyro shell :class:`SparseAsync`, hyperparameter ε in ``state.hyper``:
+:class:`SparseAsyncHyper`).
 """
 
-from numpyro_sg.kernels.sparse_async.block import (  # noqa: F401
-    BlockMove,
-    block_move,
-    gaussian_block_draw,
-    guard_norm,
-    robbins_monro,
-)
-from numpyro_sg.kernels.sparse_async.gradients import dense_async_gradient, glm_async_gradient  # noqa: F401
-from numpyro_sg.kernels.sparse_async.indicators import (  # noqa: F401
-    async_inclusion_logits,
-    async_update,
-    compact_active,
-    draw_subset,
-    sequential_sweep,
-)
+from numpyro_sg.kernels.sparse_async.dense import dense_async_gradient  # noqa: F401
+from numpyro_sg.kernels.sparse_async.glm import glm_async_gradient  # noqa: F401
 from numpyro_sg.kernels.sparse_async.kernel import SparseAsync
 from numpyro_sg.kernels.sparse_async.options import SparseAsyncOptions
 from numpyro_sg.kernels.sparse_async.step import SparseAsyncHyper, SparseAsyncState  # noqa: F401
+from numpyro_sg.kernels.sparse_async.updates import (  # noqa: F401
+    BlockMove,
+    async_inclusion_logits,
+    async_update,
+    block_move,
+    compact_active,
+    draw_subset,
+    gaussian_block_draw,
+    guard_norm,
+    robbins_monro,
+    sequential_sweep,
+)
 
 __all__ = ["SparseAsync", "SparseAsyncOptions"]

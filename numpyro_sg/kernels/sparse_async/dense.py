@@ -1,17 +1,27 @@
 """One iteration of SparseAsync on the generic (dense) path: any model of the spike-and-slab
-form, evaluated on the full data (a mini-batch for ``variant="sgld"``), O(N·p) per iteration."""
+form, evaluated on the full data (a mini-batch for ``variant="sgld"``), O(N·p) per iteration.
+
+The asynchronous update's one gradient is taken by automatic differentiation
+(:func:`dense_async_gradient`); the primitives shared with the GLM path are in :mod:`.updates`.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from jax import random
 from jax.flatten_util import ravel_pytree
 
-from numpyro_sg.kernels.sparse_async.block import block_move
-from numpyro_sg.kernels.sparse_async.gradients import dense_async_gradient
-from numpyro_sg.kernels.sparse_async.indicators import async_update, draw_subset, sequential_sweep
 from numpyro_sg.kernels.sparse_async.setup import SPIKE_KEY
+from numpyro_sg.kernels.sparse_async.updates import (
+    async_update,
+    block_move,
+    draw_subset,
+    evaluation_shift,
+    sequential_sweep,
+)
 
 
 def dense_block_move(plan, unravel, params, delta, indices, step_size, keys, model_args, model_kwargs):
@@ -44,6 +54,41 @@ def prior_logodds_fn(ss, values, theta, model_args, model_kwargs):
         return lambda j, d: table[j]
     prior = ss.prior_fn(model_args, model_kwargs)
     return lambda j, d: prior(values, d.at[j].set(1)) - prior(values, d.at[j].set(0))
+
+
+def dense_async_gradient(loglik: Callable, theta, delta, chosen, second=False, point="current"):
+    r"""G_j = ∂ℓ/∂β_j (and H_j = ∂²ℓ/∂β_j²) for the chosen coordinates, for any likelihood.
+
+    ℓ = ``loglik`` (β ↦ ℓ(β), e.g. the model's log-likelihood in the effective coefficients)
+    is differentiated at β = θ·(δ ∨ 1_J) (``point="current"``) or β = θ·δ·(1 − 1_J)
+    (``"excluded"``); H by one Hessian-vector product per chosen coordinate.
+
+    :param loglik: β (p,) ↦ ℓ(β), a scalar.
+    :param theta: (p,) coefficients.
+    :param delta: (p,) current indicators.
+    :param chosen: (J,) chosen coordinates (distinct).
+    :param bool second: also return H.
+    :param str point: ``"current"`` or ``"excluded"``.
+    :return: ``(G, H)`` of shape (J,), H ``None`` unless ``second``.
+
+    >>> import jax.numpy as jnp
+    >>> G, _ = dense_async_gradient(lambda b: -0.5 * jnp.sum(b**2), jnp.array([1.0, 2.0]),
+    ...                             jnp.array([0, 0]), jnp.array([1]))
+    >>> G.tolist()
+    [-2.0]
+    """
+    shift = evaluation_shift(theta[chosen], delta[chosen], point)
+    beta = (theta * delta).at[chosen].add(shift)
+    grad_fn = jax.grad(loglik)
+    G = grad_fn(beta)[chosen]
+    H = None
+    if second:
+        def diagonal(j):
+            e = jnp.zeros_like(beta).at[j].set(1.0)
+            return jax.jvp(grad_fn, (beta,), (e,))[1][j]
+
+        H = jax.vmap(diagonal)(chosen)
+    return G, H
 
 
 def dense_indicator_update(plan, values, delta, indices, keys, model_args, model_kwargs):

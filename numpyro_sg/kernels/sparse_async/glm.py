@@ -5,6 +5,8 @@ The active set is a padded index list of static size ``max_active``; STEP 1
 (:func:`glm_block_move`) gathers the size(δ) active columns of X, padded to the next bucket
 (8, 16, 32, …), STEP 2 (:func:`glm_indicator_update`) the J chosen ones, so an iteration
 costs O(N·(size(δ) + J)) (plus O(N·size(δ)²) for the exact Gaussian draw), independent of p.
+The asynchronous update's one gradient is computed from those columns in O(N·J)
+(:func:`glm_async_gradient`); the primitives shared with the dense path are in :mod:`.updates`.
 """
 
 from __future__ import annotations
@@ -17,15 +19,17 @@ import jax.numpy as jnp
 from jax import lax, random
 
 from numpyro_sg.kernels.guard import all_finite, freeze
-from numpyro_sg.kernels.sparse_async.block import block_move, gaussian_block_draw, norm_logpdf
-from numpyro_sg.kernels.sparse_async.gradients import glm_async_gradient
-from numpyro_sg.kernels.sparse_async.indicators import (
+from numpyro_sg.kernels.sparse_async.setup import SPIKE_KEY
+from numpyro_sg.kernels.sparse_async.updates import (
     async_update,
+    block_move,
     compact_active,
     draw_subset,
+    evaluation_shift,
+    gaussian_block_draw,
+    norm_logpdf,
     sequential_sweep,
 )
-from numpyro_sg.kernels.sparse_async.setup import SPIKE_KEY
 
 
 class GLMView(NamedTuple):
@@ -103,6 +107,42 @@ def glm_block_move(plan, view, aux, theta, active, size, step_size, key):
     which = jnp.searchsorted(jnp.asarray(plan.buckets), size)
     u, eta, acc, norm, finite = lax.switch(which, branches, key)
     return theta.at[active].set(u, mode="drop"), eta, acc, norm, finite
+
+
+def glm_async_gradient(X_J, eta, theta_J, delta_J, family, y, params, scale=1.0, second=False,
+                       point="current", total=None):
+    r"""G_j = ∂ℓ/∂β_j (and H_j = ∂²ℓ/∂β_j²) for the chosen coordinates of a GLM, O(n·J).
+
+    ℓ(β) = scale·Σ_i f(η_i), η = offset + X·β (``family.loglik`` f).  ``eta`` is η at the
+    current β = θ·δ; the evaluation point sets the chosen coordinates of β to θ_J
+    (``point="current"``: all on) or to 0 (``"excluded"``: all off), i.e. η_e = η + X_J·Δ with
+    Δ = :func:`evaluation_shift`; then G = scale·X_Jᵀ f′(η_e) and H = scale·(X_J²)ᵀ f″(η_e).
+
+    :param X_J: (n, J) columns of the chosen coordinates.
+    :param eta: (n,) linear predictor at the current β.
+    :param theta_J: (J,) coefficients θ_J (fresh spike draws for the excluded ones).
+    :param delta_J: (J,) current indicators.
+    :param family: a :class:`~numpyro_sg.spike_slab.GLMFamily` (``GLM_FAMILIES[name]``).
+    :param y: (n,) observations.
+    :param params: the family's other parameters (``{"scale": σ}`` for the Gaussian).
+    :param scale: N/n for a mini-batch (1 for the full data).
+    :param bool second: also return H (for ``taylor="second"``).
+    :param str point: ``"current"`` or ``"excluded"``.
+    :param total: optional function summing (G, H) over the data shards when the rows are this
+        device's share (one ``psum``); ``None`` when they are all the rows.
+    :return: ``(G, H)``, H ``None`` unless ``second``.
+
+    **Example:**
+
+    .. code-block:: python
+
+        G, H = glm_async_gradient(X[:, chosen], X @ (theta * delta), theta[chosen],
+                                  delta[chosen], GLM_FAMILIES["bernoulli"], y, {}, second=True)
+    """
+    eta_e = eta + X_J @ evaluation_shift(theta_J, delta_J, point)
+    G = scale * (X_J.T @ family.dloglik(eta_e, y, params))
+    H = scale * ((X_J * X_J).T @ family.d2loglik(eta_e, y, params)) if second else None
+    return (G, H) if total is None else total((G, H))
 
 
 def glm_indicator_update(plan, view, aux, theta, delta, eta, keys):

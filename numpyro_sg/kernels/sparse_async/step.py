@@ -1,6 +1,7 @@
 """SparseAsync's state and its pure step: STEP 1 and STEP 2 (:mod:`.glm` or :mod:`.dense`),
-the warmup adaptation of the MALA step size, and the divergence guard shared by every kernel
-(:func:`~numpyro_sg.kernels.guard.guarded_update`, once per iteration)."""
+the warmup adaptation of the MALA step size (:func:`~.updates.robbins_monro`), and the
+divergence guard shared by every kernel (:func:`~numpyro_sg.kernels.guard.guarded_update`,
+once per iteration)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from jax import lax, random
 from jax.flatten_util import ravel_pytree
 
 from numpyro_sg.kernels.guard import all_finite, freeze, guarded_update, init_guard
-from numpyro_sg.kernels.sparse_async.block import robbins_monro
 from numpyro_sg.kernels.sparse_async.dense import dense_iteration
 from numpyro_sg.kernels.sparse_async.glm import glm_iteration
 from numpyro_sg.kernels.sparse_async.setup import SPIKE_KEY
+from numpyro_sg.kernels.sparse_async.updates import robbins_monro
 
 
 class SparseAsyncHyper(NamedTuple):
