@@ -34,7 +34,6 @@ from numpyro_sg.kernels.esgld import (
 )
 from numpyro_sg.kernels.esgld.targets import cv_batch, glm_anchor
 from numpyro_sg.kernels.esgld.informed import informed_indicator_chain
-from numpyro_sg.kernels.guard import guard_norm
 from numpyro_sg.kernels.step_size import polynomial_schedule
 from numpyro_sg.spike_slab import SpikeSlabError, find_spike_slab, start_fn
 
@@ -488,14 +487,6 @@ def test_accept_prob_is_the_mean_acceptance_probability():
     probs, fraction = np.asarray(runs.accept_prob), np.asarray(runs.num_accepted) / 50
     assert np.all((probs > 0) & (probs < 1))
     np.testing.assert_allclose(probs.mean(), fraction.mean(), atol=0.02)
-
-
-def test_guard_norm_is_scale_free_and_floored():
-    eps, grad = jnp.array([1e-6, 1e-2]), jnp.array([3e3, 30.0])
-    np.testing.assert_allclose(guard_norm(grad, eps), 3.0, rtol=1e-5)  # √ε·ĝ = (3, 3)
-    np.testing.assert_allclose(guard_norm(grad / 10, 100 * eps), 3.0, rtol=1e-5)  # units of θ × 10
-    assert float(guard_norm(jnp.zeros(2), eps)) == 1.0
-    assert np.isnan(guard_norm(jnp.array([jnp.nan, 0.0]), eps))
 
 
 def test_a_too_large_step_is_flagged_and_frozen(small_data):

@@ -11,10 +11,10 @@ from numpyro_sg.kernels.guard import (
     BLOWUP_FACTOR,
     GUARD_BURN_IN,
     freeze,
+    guard_norm,
     guard_step,
     guarded_update,
     init_guard,
-    rms,
 )
 from numpyro_sg.kernels.sparse_async.updates import mala_step
 from numpyro_sg.kernels.step_size import (
@@ -86,7 +86,21 @@ def test_freeze_keeps_old_values_where_diverging():
     old, new = {"a": jnp.zeros(3), "b": jnp.ones(())}, {"a": jnp.ones(3), "b": 2 * jnp.ones(())}
     assert jax.tree.map(float, freeze(jnp.array(True), old, new)["b"]) == 1.0
     np.testing.assert_array_equal(freeze(jnp.array(False), old, new)["a"], np.ones(3))
-    assert float(rms(jnp.array([3.0, 4.0]))) == pytest.approx(np.sqrt(12.5))
+
+
+def test_guard_norm_is_scale_free_floored_and_reads_the_moved_coordinates():
+    """max(1, √(mean ε_j·ĝ_j²)) for every kernel: unchanged when θ is rescaled by c (ĝ by 1/c,
+    ε by c²), 1 below the level where drift and noise match (an empty block included), the
+    masked-out coordinates ignored, NaN for a non-finite gradient."""
+    eps, grad = jnp.array([1e-6, 1e-2]), jnp.array([3e3, 30.0])
+    np.testing.assert_allclose(guard_norm(grad, eps), 3.0, rtol=1e-5)  # √ε·ĝ = (3, 3)
+    np.testing.assert_allclose(guard_norm(grad / 10, 100 * eps), 3.0, rtol=1e-5)  # units of θ × 10
+    assert float(guard_norm(jnp.zeros(2), eps)) == 1.0 and float(guard_norm(grad, 1e-12)) == 1.0
+    g, mask = jnp.asarray([3.0, -4.0, 100.0]), jnp.asarray([1.0, 1.0, 0.0])
+    assert float(guard_norm(g, 0.5, mask)) == pytest.approx(np.sqrt(0.5 * 12.5))
+    assert float(guard_norm(g, 0.5, jnp.zeros(3))) == 1.0
+    assert np.isnan(float(guard_norm(g.at[0].set(jnp.nan), 0.5, mask)))
+    assert np.isnan(float(guard_norm(jnp.array([jnp.nan, 0.0]), eps)))
 
 
 # -- MALA ----------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from scipy import stats
 
 import numpyro_sg as nsg
 from numpyro_sg import datasets as ds
+from numpyro_sg.kernels.guard import guard_norm
 from numpyro_sg.kernels.moves import langevin_move
 from numpyro_sg.kernels.sparse_async import (
     async_inclusion_logits,
@@ -26,7 +27,6 @@ from numpyro_sg.kernels.sparse_async import (
     draw_subset,
     gaussian_block_draw,
     glm_async_gradient,
-    guard_norm,
     robbins_monro,
     sequential_sweep,
 )
@@ -682,16 +682,6 @@ def test_stable_chains_are_not_flagged(tiny):
         assert not np.any(mcmc.get_extra_fields()["diverging"])
 
 
-def test_guard_norm_is_scale_free_with_a_floor():
-    """1 + √(ε·mean g²) over the moved coordinates: 1 for an empty block, unchanged when θ is
-    rescaled by c (g by 1/c, ε by c²), NaN for a non-finite gradient."""
-    g, mask = jnp.asarray([3.0, -4.0, 100.0]), jnp.asarray([1.0, 1.0, 0.0])
-    assert float(guard_norm(0.5, g, mask)) == pytest.approx(1 + np.sqrt(0.5 * 12.5))
-    assert float(guard_norm(0.5, g, jnp.zeros(3))) == 1.0
-    assert float(guard_norm(0.5 * 9.0, g / 3.0, mask)) == pytest.approx(float(guard_norm(0.5, g, mask)))
-    assert np.isnan(float(guard_norm(0.5, g.at[0].set(jnp.nan), mask)))
-
-
 def test_block_move_is_the_shared_moves_on_the_unmasked_coordinates():
     """``block_move``: MALA is ``mala_step`` (same key, same point, acceptance min(1, ratio));
     SGLD is ``langevin_move`` with noise variance ε on the unmasked coordinates, the masked
@@ -707,12 +697,12 @@ def test_block_move_is_the_shared_moves_on_the_unmasked_coordinates():
     ref = mala_step(key, x, *f(x), f, eps, mask)
     np.testing.assert_allclose(mala.x, ref.x)
     assert float(mala.accept_prob) == pytest.approx(float(ref.accept_prob)) and 0 <= float(mala.accept_prob) <= 1
-    assert float(mala.grad_norm) == pytest.approx(float(guard_norm(eps, ref.grad, mask)))
+    assert float(mala.grad_norm) == pytest.approx(float(guard_norm(ref.grad, eps, mask)))
     sgld = block_move("sgld", key, x, f, eps, mask)
     noise = jax.random.normal(jax.random.split(key)[0], (4,)) * mask
     np.testing.assert_allclose(sgld.x, langevin_move(x, f(x)[1] * mask, eps, noise, eps), rtol=1e-6)
     assert float(sgld.x[2]) == 2.0 and float(sgld.accept_prob) == 1.0 and bool(sgld.finite)
-    assert float(sgld.grad_norm) == pytest.approx(float(guard_norm(eps, f(x)[1], mask)))
+    assert float(sgld.grad_norm) == pytest.approx(float(guard_norm(f(x)[1], eps, mask)))
     bad = block_move("sgld", key, x, lambda v: (jnp.nan, f(v)[1]), eps, mask)
     assert not bool(bad.finite)
 

@@ -64,8 +64,10 @@ class GradientKernel(SGKernel):
     """Shell of the gradient-based kernels (SGLD, SGBD, SGHMC, SGNHT, pSGLD, BAOAB; see the module
     docstring), and the one place documenting the options they all share (``SHARED_OPTIONS``):
 
-    :param preconditioner: ``"laplace"`` (default: M = the Laplace covariance at the mode found by the
-        warmup — dense for up to ``warmup_options.dense_max`` coordinates, diagonal above), ``"adapt"``
+    :param preconditioner: ``"laplace"`` (default; as for every kernel, M = the posterior covariance of
+        a Laplace approximation and ``step_size`` in its units, posterior sds: here the Laplace
+        covariance at the mode found by the warmup — dense for up to ``warmup_options.dense_max``
+        coordinates, diagonal above), ``"adapt"``
         (Laplace, then re-estimated from each chain's warmup draws), ``None`` (M = I: step sizes in
         absolute units; give ``step_size``), or an array: per-coordinate scales (d,) (M = diag(scale²))
         or a covariance (d, d).

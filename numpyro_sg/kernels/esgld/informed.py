@@ -107,7 +107,7 @@ def flip_evidence(gamma, theta, theta0, G, hess_diag, table, max_size, flip_sign
 def conditional_inclusion(gamma, evidence: FlipEvidence, max_size):
     """ρ_j ≈ P(γ_j = 1 | θ, γ_{−j}, X): σ(Δ̃_{+1,j}) for an excluded j (0 where a birth is not
     allowed, size(γ) = q), σ(−Δ̃_{+1,j}) for an included one (the Rao-Blackwellised inclusion
-    of slides 004, eq. 8, per coordinate).
+    of the ESGLD slides, eq. 8, per coordinate).
 
     **Example:**
 

@@ -96,8 +96,11 @@ class ESGLD(SGKernel):
     :param gradient: ``"auto"`` (``"cv"`` where ``"informed"`` applies, else ``"plain"``),
         ``"cv"`` (control-variate gradient around the anchor, at the last model γ_m) or
         ``"plain"`` (the paper's model-averaged mini-batch gradient).
-    :param preconditioner: ``"auto"`` (``"laplace"``), ``"laplace"`` (step in units of the
-        conditional posterior variance) or ``None`` (absolute step).  Where the anchor does not
+    :param preconditioner: ``"auto"`` (``"laplace"``), ``"laplace"`` (as for every kernel, M = the
+        posterior covariance of a Laplace approximation and ``step_size`` in its units, posterior
+        sds: here M = diag(v), v_j the Laplace variance of θ_j given the current model γ, which
+        changes every iteration — a dense M would be refactorised at each change) or ``None``
+        (absolute step).  Where the anchor does not
         apply (another continuous site such as an intercept, or a likelihood that is not a
         GLM) the Laplace step reads the model's own full-data curvature and the other
         continuous sites start at the mode with γ = 0 (:mod:`~numpyro_sg.kernels.esgld.warmup`;

@@ -72,7 +72,6 @@ from numpyro_sg.kernels.sparse_async.updates import (  # noqa: F401
     compact_active,
     draw_subset,
     gaussian_block_draw,
-    guard_norm,
     robbins_monro,
     sequential_sweep,
 )

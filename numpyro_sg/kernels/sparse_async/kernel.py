@@ -62,7 +62,7 @@ class SparseAsync(SGKernel):
 
     **Divergence.** Every variant calls the shared guard
     (:func:`~numpyro_sg.kernels.guard.guarded_update`) once per iteration, on the gradient norm
-    1 + √(ε·mean_j g_j²) over the moved coordinates (:func:`~numpyro_sg.kernels.sparse_async.guard_norm`):
+    max(1, √(ε·mean_j g_j²)) over the moved coordinates (:func:`~numpyro_sg.kernels.guard.guard_norm`):
     a chain whose state or gradient becomes non-finite or explodes is frozen at its last safe
     point and ``diverging`` is True from then on; after the run,
     :func:`numpyro_sg.check_convergence` (and :func:`numpyro_sg.to_inference_data`) issue a

@@ -4,9 +4,9 @@ of arrays, each tested alone.
 * **STEP 1**, the move of the active block [θ]_δ given δ: an exact draw from its Gaussian
   conditional (:func:`gaussian_block_draw`), or one gradient step (:func:`block_move`): one
   MALA step (:func:`mala_step`) or one SGLD step
-  (:func:`~numpyro_sg.kernels.moves.langevin_move`), with the scale-free gradient norm the
-  divergence guard compares (:func:`guard_norm`) and the warmup adaptation of the MALA step
-  size (:func:`robbins_monro`).
+  (:func:`~numpyro_sg.kernels.moves.langevin_move`), with the gradient norm the divergence
+  guard compares (:func:`~numpyro_sg.kernels.guard.guard_norm`, over the moved coordinates)
+  and the warmup adaptation of the MALA step size (:func:`robbins_monro`).
 * **STEP 2**, the chosen subset of indicators and their redraw: the subset J of
   ``update_size`` coordinates (:func:`draw_subset`), the sequential Gibbs sweep of the exact
   sampler (:func:`sequential_sweep`), the asynchronous inclusion logits and the independent
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax, random
 
-from numpyro_sg.kernels.guard import all_finite
+from numpyro_sg.kernels.guard import all_finite, guard_norm
 from numpyro_sg.kernels.moves import langevin_move, langevin_noise_variance
 
 
@@ -119,30 +119,9 @@ def gaussian_block_draw(key, X, weights, residual, prior_loc, prior_scale, mask=
     return jnp.where(mask, u, 0.0)
 
 
-def guard_norm(step_size, grad, mask):
-    r"""The gradient norm the divergence guard compares: 1 + √(ε·mean_j g_j²) over the moved
-    coordinates (``mask`` > 0).
-
-    √ε·g_j is twice the drift (ε/2)·g_j of coordinate j in units of the step's noise sd √ε, so
-    the norm is scale-free; the 1 is its value for an empty active block (size(δ) = 0, the
-    default start), which keeps the guard's reference away from 0.  A step size past the
-    stability limit makes it grow geometrically; a non-finite gradient makes it NaN (the
-    finite flag then catches the blow-up).
-
-    >>> import jax.numpy as jnp
-    >>> round(float(guard_norm(0.04, jnp.array([30.0, 40.0, 7.0]), jnp.array([1.0, 1.0, 0.0]))), 3)
-    8.071
-    >>> float(guard_norm(0.04, jnp.zeros(3), jnp.zeros(3)))
-    1.0
-    """
-    on = jnp.asarray(mask) > 0
-    count = jnp.maximum(jnp.sum(on), 1)
-    return 1.0 + jnp.sqrt(step_size * jnp.sum(jnp.where(on, jnp.square(grad), 0.0)) / count)
-
-
 class BlockMove(NamedTuple):
     """One STEP 1 move: the new block ``x``, the MALA acceptance probability ``accept_prob``
-    (1 for SGLD and the exact draw), the :func:`guard_norm` of the gradient and whether the
+    (1 for SGLD and the exact draw), the :func:`~numpyro_sg.kernels.guard.guard_norm` of the gradient and whether the
     log density and gradient were ``finite``."""
 
     x: Any
@@ -171,11 +150,11 @@ def block_move(kind, key, x, logp_grad_fn: Callable, step_size, mask) -> BlockMo
     if kind == "mala":
         res = mala_step(key, x, log_density, grad, logp_grad_fn, step_size, mask)
         finite = jnp.isfinite(res.log_density) & all_finite(jnp.where(mask > 0, res.grad, 0.0))
-        return BlockMove(res.x, res.accept_prob, guard_norm(step_size, res.grad, mask), finite)
+        return BlockMove(res.x, res.accept_prob, guard_norm(res.grad, step_size, mask), finite)
     noise = random.normal(random.split(key)[0], jnp.shape(x), x.dtype) * mask
     new = langevin_move(x, grad * mask, step_size, noise, langevin_noise_variance(step_size))
     finite = jnp.isfinite(log_density) & all_finite(jnp.where(mask > 0, grad, 0.0))
-    return BlockMove(new, jnp.ones((), x.dtype), guard_norm(step_size, grad, mask), finite)
+    return BlockMove(new, jnp.ones((), x.dtype), guard_norm(grad, step_size, mask), finite)
 
 
 def norm_logpdf(x, loc, scale):
