@@ -2,9 +2,9 @@ r"""Divergence guard shared by every kernel: detect a blow-up, freeze the chain,
 
 A chain *blows up* when its state, log density or gradient becomes non-finite, or when the
 norm of its gradient (:func:`guard_norm`, the same for every kernel) grows past
-:data:`BLOWUP_FACTOR` times a reference norm learnt from the chain's first steps.  From then on the chain is *frozen* at its
-last safe point, its ``diverging`` flag stays ``True`` and the guard records the iteration
-(``guard.diverged_at``).  Nothing is reported from inside the compiled step (a host callback
+:data:`BLOWUP_FACTOR` times a reference norm learnt from the chain's first steps.  From then on
+the chain is *frozen* at its last safe point, its ``diverging`` flag stays ``True`` and the
+guard records the iteration (``guard.diverged_at``).  Nothing is reported from inside the compiled step (a host callback
 there would keep the sampling loop out of JAX's persistent compilation cache): NumPyro collects
 ``diverging`` by default, and :func:`numpyro_sg.check_convergence`,
 :func:`numpyro_sg.to_inference_data` and :func:`numpyro_sg.posterior_summary` warn after the run

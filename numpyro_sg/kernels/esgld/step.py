@@ -30,7 +30,6 @@ from numpyro_sg.infer.minibatch import Anchor
 from numpyro_sg.kernels.esgld.informed import informed_indicator_chain
 from numpyro_sg.kernels.esgld.options import ESGLDHyper, ESGLDSetup
 from numpyro_sg.kernels.esgld.paper import rjmh_indicator_chain
-from numpyro_sg.kernels.esgld.warmup import LaplaceScales, laplace_scales, prior_curvature, warmup_step_scale
 from numpyro_sg.kernels.esgld.targets import (
     coordinate_prior_table,
     cv_batch,
@@ -41,6 +40,7 @@ from numpyro_sg.kernels.esgld.targets import (
     laplace_step_scale,
     model_averaged_gradient,
 )
+from numpyro_sg.kernels.esgld.warmup import LaplaceScales, laplace_scales, prior_curvature, warmup_step_scale
 from numpyro_sg.kernels.guard import all_finite, guard_norm, guarded_update, init_guard
 from numpyro_sg.kernels.moves import langevin_move, langevin_noise_variance
 from numpyro_sg.kernels.step_size import step_size_at
