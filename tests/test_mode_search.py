@@ -313,9 +313,23 @@ def test_the_first_rounds_concavity_check_stops_at_the_first_indefinite_start():
             return neg_h
         return at
 
-    assert not first_round_concave(starts, values, curvature(np.diag([1.0, -1.0])))
+    ends = starts + 1.0
+    assert not first_round_concave(starts, values, ends, curvature(np.diag([1.0, -1.0])))
     assert len(seen) == 1
     seen.clear()
-    assert first_round_concave(starts, values, curvature(np.eye(2)))
+    assert first_round_concave(starts, values, ends, curvature(np.eye(2)))
     assert len(seen) == 4
-    assert not first_round_concave(starts, np.array([0.0, -np.inf, 0.0, 0.0]), curvature(np.eye(2)))
+    assert not first_round_concave(starts, np.array([0.0, -np.inf, 0.0, 0.0]), ends, curvature(np.eye(2)))
+
+
+def test_a_curvature_that_overflowed_at_a_start_is_read_at_its_end_and_never_crashes():
+    """A Poisson regression on covariates 20 sds out overflows −H at a uniform start (inf or
+    NaN entries, on which LAPACK's eigvalsh raised "Eigenvalues did not converge"): the check
+    reads the curvature at that start's end point instead, and a curvature not finite there
+    either shows nothing (not concave)."""
+    from numpyro_sg.infer.multistart import first_round_concave
+
+    starts, values, ends = np.zeros((2, 2)), np.zeros(2), np.ones((2, 2))
+    overflowed = lambda x: np.full((2, 2), np.nan) if np.all(x == 0) else np.eye(2)
+    assert first_round_concave(starts, values, ends, overflowed)
+    assert not first_round_concave(starts, values, ends, lambda x: np.full((2, 2), np.inf))

@@ -203,7 +203,31 @@ def test_low_ess_says_about_how_long_a_run_would_reach_the_threshold():
         x[:, t] = rho * x[:, t - 1] + np.sqrt(1 - rho**2) * rng.normal(size=chains)
     warned = _warnings(lambda: nsg.check_convergence({"theta": x}))
     assert len(warned) == 1 and "bulk ESS" in warned[0], warned
-    needed = float(re.search(r"about ([\d,]+) draws per chain", warned[0]).group(1).replace(",", ""))
+    needed = float(re.search(r"about num_samples=([\d,]+) per chain", warned[0]).group(1).replace(",", ""))
     expected = 100 * (1 + rho) / (1 - rho) / chains
     assert expected / 1.6 < needed < expected * 1.6, (needed, expected, warned[0])
     assert f"this run's {draws:,}" in warned[0]
+
+
+def test_no_run_length_is_promised_where_the_chains_disagree_and_thinning_counts():
+    """ESS grows with the run's length only for chains that agree: two chains stuck 10 sds apart
+    (R̂ ≫ 1, ESS ≈ 2) get no run length (a 10× longer run of such chains raised ESS from 4 to 5);
+    and a thinned run's figure is in ``num_samples``, the iterations kept before thinning."""
+    rng = np.random.default_rng(1)
+    stuck = np.stack([rng.normal(-5.0, 1.0, 1000), rng.normal(5.0, 1.0, 1000)])[:, :, None]
+    warned = _warnings(lambda: nsg.check_convergence({"mu": stuck}))
+    assert len(warned) == 1 and "bulk ESS" in warned[0] and "num_samples=" not in warned[0], warned
+    assert "random start" not in warned[0]   # a dict of draws: no sampler, no start to blame
+    rng = np.random.default_rng(0)   # the chains of the test above: ESS 81, no drift
+    rho, x = 0.99, np.empty((4, 4_000))
+    x[:, 0] = rng.normal(size=4)
+    for t in range(1, x.shape[1]):
+        x[:, t] = rho * x[:, t - 1] + np.sqrt(1 - rho**2) * rng.normal(size=4)
+
+    class Thinned:   # what check_convergence reads of an MCMC run with thinning=5
+        thinning = 5
+
+        def get_samples(self, group_by_chain=True):
+            return {"theta": x}
+    warned = _warnings(lambda: nsg.check_convergence(Thinned()))
+    assert "this run's 20,000" in warned[0], warned

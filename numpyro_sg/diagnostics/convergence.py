@@ -194,22 +194,28 @@ def check_convergence(obj, *, rhat_max: float = 1.05, ess_min: float = 100, drif
     """
     samples = _run_samples(obj)
     sampler = getattr(obj, "sampler", None)
+    findings, thinning, random_start = [], int(getattr(obj, "thinning", 1) or 1), False
     if hasattr(sampler, "convergence_report") and getattr(obj, "last_state", None) is not None:
         z = obj.last_state.z
         sites = list(z) if sites is None and isinstance(z, dict) else sites
         label = f"{type(sampler).__name__} (MCMC.run)" if label == "the run" else label
-        extra_problems = list(extra_problems) + sampler.convergence_report(obj.last_state)
+        findings = sampler.convergence_report(obj.last_state)
+        extra_problems = list(extra_problems) + findings
+        random_start = getattr(sampler, "_init_strategy", None) is not None
         message = sampler.divergence_message(obj.last_state) if warn and hasattr(sampler, "divergence_message") else None
         if message:  # the kernels report a blow-up after the run, never from the compiled step
             warnings.warn(message, DivergenceWarning, stacklevel=2)
     if sites is not None:
         samples = {k: v for k, v in samples.items() if k in set(sites)}
     table = convergence_table(samples)
-    table["ok"] = (table["r_hat"] <= rhat_max) & (table["ess_bulk"] >= ess_min) & (table["drift"] <= drift_max)
+    # a finding of the kernel's (divergence, frozen chains, draws far from the Laplace fit) concerns
+    # the joint draws: no site's row is then ok
+    table["ok"] = ((table["r_hat"] <= rhat_max) & (table["ess_bulk"] >= ess_min) & (table["drift"] <= drift_max)
+                   & (not findings))
     if warn and (not table["ok"].all() or extra_problems):
         draws = max((np.shape(v)[1] for v in samples.values() if np.ndim(v) >= 2), default=0)
-        warnings.warn(_message(table, label, rhat_max, ess_min, drift_max, list(extra_problems), draws),
-                      ConvergenceWarning, stacklevel=2)
+        warnings.warn(_message(table, label, rhat_max, ess_min, drift_max, list(extra_problems), draws,
+                               thinning, random_start), ConvergenceWarning, stacklevel=2)
     return table
 
 
@@ -218,11 +224,13 @@ def check_convergence(obj, *, rhat_max: float = 1.05, ess_min: float = 100, drif
 SEPARATED = 5.0
 
 GENERIC_REMEDY = (
-    "a longer num_warmup and num_samples; start from the warmup's mode (the kernels' default, "
-    "init_strategy=None) rather than a random start; a larger step_size if the chain moves too "
+    "a longer num_warmup and num_samples; a larger step_size if the chain moves too "
     "slowly, a smaller one if it is unstable; compare with NUTS (numpyro_sg.nuts_reference) when "
     "it is affordable"
 )
+#: added to the generic remedies when the chains started from an init strategy's draws
+RANDOM_START_REMEDY = ("start from the warmup's mode (the kernels' default, init_strategy=None) rather "
+                       "than a random start")
 MULTIMODAL_REMEDY = (
     "stochastic-gradient chains rarely cross between well-separated modes, so a longer run or "
     "another step size will not reconcile them, and pooled draws weight each mode by the number "
@@ -244,21 +252,25 @@ def _multimodal(table, rhat_max, drift_max) -> str | None:
             + ": the chains are stuck in different modes")
 
 
-def _draws_needed(ess, draws, ess_min) -> str:
+def _draws_needed(ess, draws, ess_min, thinning: int = 1) -> str:
     """How long a run would reach ``ess_min``, bulk ESS growing in proportion to the draws of a
-    stationary chain: ``draws · ess_min / ess`` per chain (two significant digits; a lower bound
-    while the chain still drifts, whose ESS overstates what it has)."""
+    stationary chain: ``draws · ess_min / ess`` kept draws per chain, i.e. ``num_samples`` that
+    many times ``thinning`` (two significant digits).  Said only of chains that agree (none
+    :data:`SEPARATED` within-chain sds from the others), do not drift and drew no finding of the
+    kernel's (the caller's check): where they disagree a longer run need not raise ESS at all."""
     if not (draws and np.isfinite(ess) and ess > 0):
         return ""
     needed = float(f"{draws * ess_min / ess:.2g}")
-    return (f" (ESS grows about in proportion to the draws: at this rate about {needed:,.0f} draws "
-            f"per chain, {needed / draws:.2g}× this run's {draws:,}, would reach {ess_min:.0f})")
+    return (f" (ESS grows about in proportion to the draws of chains that agree: at this rate about "
+            f"num_samples={needed * thinning:,.0f} per chain, {needed / draws:.2g}× this run's "
+            f"{draws * thinning:,}, would reach {ess_min:.0f})")
 
 
-def _message(table, label, rhat_max, ess_min, drift_max, findings, draws=0) -> str:
+def _message(table, label, rhat_max, ess_min, drift_max, findings, draws=0, thinning=1, random_start=True) -> str:
     """The warning: the kernel's findings (``(problem, remedy)`` pairs or sentences), the sites at
     fault, and the remedies of the causes found (generic ones when no cause is named); with the
-    run's ``draws`` per chain, the run length that low ESS asks for."""
+    run's ``draws`` per chain (kept, after ``thinning``), the run length that low ESS asks for
+    where the chains agree; the remedy of a random start only where the run had one."""
     problems = [f[0] if isinstance(f, tuple) else f for f in findings]
     remedies = [f[1] for f in findings if isinstance(f, tuple)]
     explained = any(isinstance(f, tuple) and len(f) > 2 and f[2] for f in findings)
@@ -274,10 +286,13 @@ def _message(table, label, rhat_max, ess_min, drift_max, findings, draws=0) -> s
     bad = table[~(table["ess_bulk"] >= ess_min)]
     if len(bad):
         problems.append("bulk ESS " + ", ".join(f"{e:.0f} for '{n}'" for n, e in zip(bad.index, bad["ess_bulk"]))
-                        + f" < {ess_min:.0f}" + _draws_needed(bad["ess_bulk"].min(), draws, ess_min))
+                        + f" < {ess_min:.0f}" + (_draws_needed(bad["ess_bulk"].min(), draws, ess_min, thinning)
+                                                 if (table["separation"] < SEPARATED).all() and not findings
+                                                 and (table["drift"] <= drift_max).all() else ""))
     bad = table[table["drift"] > drift_max]
     if len(bad):
         problems.append("still drifting: the first and last thirds of a chain's draws differ by "
                         + ", ".join(f"{x:.3g} posterior sds in '{n}'" for n, x in zip(bad.index, bad["drift"])))
     return (f"{label} may not have sampled the posterior: " + "; ".join(problems) + ". The draws may be far "
-            "from the posterior. Remedies: " + "; ".join(remedies or [GENERIC_REMEDY]) + ".")
+            "from the posterior. Remedies: " + "; ".join(
+                remedies or [GENERIC_REMEDY + ("; " + RANDOM_START_REMEDY if random_start else "")]) + ".")

@@ -98,7 +98,7 @@ def predicted_ascent(grad, neg_h) -> float:
 
     With the full curvature −H (d, d): the Newton decrement ½·gᵀ(−H)⁻¹g where −H is positive
     definite, ``inf`` where it is not (a saddle, a ridge, a slope still climbing: no local
-    maximum there).  With its diagonal (d,) only (large models): ½·Σ g_j²/|h_jj| (magnitudes,
+    maximum there; so too where −H is not finite).  With its diagonal (d,) only (large models): ½·Σ g_j²/|h_jj| (magnitudes,
     so that any point has an answer).  ``inf`` where the result is not finite.  Small at a
     local maximum; large on a slope that is still climbing.
 
@@ -106,8 +106,12 @@ def predicted_ascent(grad, neg_h) -> float:
     0.25
     >>> predicted_ascent([1.0, 0.0], [[1.0, 0.0], [0.0, -1.0]])   # −H not positive definite
     inf
+    >>> predicted_ascent([1.0, 0.0], [[np.inf, 0.0], [0.0, 1.0]])   # −H overflowed
+    inf
     """
     g, h = np.asarray(grad, np.float64), np.asarray(neg_h, np.float64)
+    if not np.all(np.isfinite(h)):   # overflowed (an exponential link far out): shows no maximum
+        return np.inf
     if h.ndim == 2:
         try:
             chol = np.linalg.cholesky(0.5 * (h + h.T))

@@ -149,8 +149,8 @@ def explore_starts(starts, ascend, values_at, key, width: int, settled=None, rep
         k = ``width``: every call has one shape, and compiles once.
     :param values_at: ``xs -> (log π, ∇ log π)`` at each row of xs (k, d), over all the data.
     :param key: key of the mini-batches.
-    :param settled: ``(starts, values) -> bool`` of the first round, or ``None`` (every round
-        runs).
+    :param settled: ``(starts, values, ends) -> bool`` of the first round, or ``None`` (every
+        round runs).
     :param report: ``(starts done, starts to run) -> None`` after each round (a progress bar), or ``None``.
     :return: ``(log densities of the S' ≤ S end points (non-finite: -inf), their full-data
         gradients (S', d), the end points (S', d))``.
@@ -167,7 +167,7 @@ def explore_starts(starts, ascend, values_at, key, width: int, settled=None, rep
         values.append(np.where(ok, v, -np.inf))
         grads.append(np.where(ok[:, None], g, np.inf))
         ends.append(x)
-        if lo == 0 and not (settled is not None and settled(chunk, values[0])):
+        if lo == 0 and not (settled is not None and settled(chunk, values[0], x)):
             rest = others()
             batches = [rest[i:i + width] for i in range(0, len(rest), width)]
         if report is not None:
@@ -175,20 +175,27 @@ def explore_starts(starts, ascend, values_at, key, width: int, settled=None, rep
     return np.concatenate(values), np.concatenate(grads), np.concatenate(ends)
 
 
-def first_round_concave(starts, values, curvature) -> bool:
+def first_round_concave(starts, values, ends, curvature) -> bool:
     """True when the first round shows a log-concave posterior as far as it can tell: every end
     finite, and −H = ``curvature(x)`` (full, up to :data:`EXACT_ASCENT_MAX` coordinates)
-    positive definite at every start.  A GLM's starts then all climb to its one mode and the
+    finite and positive definite at every start.  A GLM's starts then all climb to its one mode and the
     other rounds are skipped; a mixture's dispersed starts meet indefinite curvature (two
     components pulling one mean apart), and every round runs.  The starts are checked one at a
     time and the first indefinite one ends the check: on a hierarchical model, where every
     start is indefinite, it costs one Hessian, not one per start.  Agreement of the first ends
     alone is no such evidence: on a three-component mixture four starts all climbed to the same
-    merged mode."""
+    merged mode.  Where −H is not finite at a start (it overflowed there: an exponential link on
+    covariates tens of sds out), the start's end point ``ends`` stands in for it."""
     starts = np.asarray(starts)
     if not np.all(np.isfinite(values)) or starts.shape[1] > EXACT_ASCENT_MAX:
         return False
-    return all(bool(np.all(np.linalg.eigvalsh(np.asarray(curvature(x), np.float64)) > 0)) for x in starts)
+    for start, end in zip(starts, np.asarray(ends)):
+        neg_h = np.asarray(curvature(start), np.float64)
+        if not np.all(np.isfinite(neg_h)):  # overflowed far out (an exponential link on covariates
+            neg_h = np.asarray(curvature(end), np.float64)  # tens of sds out): its ascent's end
+        if not (np.all(np.isfinite(neg_h)) and np.all(np.linalg.eigvalsh(neg_h) > 0)):
+            return False
+    return True
 
 
 def best_ends(values, ends, k: int):

@@ -1,5 +1,7 @@
 """The gradient-noise sd τ̂ of a mini-batch estimate from k group estimators: how many groups
-(:func:`noise_groups`) and the O(d)-memory Welford pass over them (:func:`group_noise_sd`)."""
+(:func:`noise_groups`) and the O(d)-memory Welford pass over them (:func:`group_noise_sd`); the
+control-variate noise of single rows the warmup measures (:func:`row_noise_covariance`,
+:func:`row_noise_in_laplace_units`)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 #: the group-mean noise estimate uses at most this many groups (largest divisor of n up to it)
 MAX_GROUPS = 16
@@ -75,3 +78,38 @@ def group_noise_sd(likelihood, flat, idx, groups: int, anchor=None, to_working: 
     (_, _, m2), _ = jax.lax.scan(body, (jnp.zeros((), flat.dtype), zeros, zeros),
                                  idx.reshape(k, n // k))
     return jnp.sqrt(m2 / (k - 1) / k * fraction_unsampled)
+
+
+def row_noise_covariance(log_density, plate_name: str, rows, x, anchor, batch_size: int = 1024):
+    """Cov_i(g_i(x) − g_i(x̂)) over the row indices ``rows``, g_i = ∇ log p + N·∇ log f(x_i | ·)
+    the gradient of ``log_density(x, {plate_name: [i]})`` and x̂ = ``anchor``: n times the
+    covariance of the control-variate gradient on n rows drawn with replacement (the prior's
+    part cancels), (d, d).  Traceable; ``batch_size`` rows at a time."""
+    row = lambda i, z: jax.grad(log_density)(z, {plate_name: i[None]})
+    deltas = jax.lax.map(lambda i: row(i, x) - row(i, anchor), rows, batch_size=batch_size)
+    centred = deltas - jnp.mean(deltas, axis=0)
+    return centred.T @ centred / deltas.shape[0]
+
+
+def row_noise_in_laplace_units(covariance, chol) -> np.ndarray:
+    """r_j = (Σ̂·C·Σ̂)_jj / Σ̂_jj, Σ̂ = L·Lᵀ (``chol`` L): the variance a row's gradient noise C
+    adds per unit of drift to coordinate j of a Langevin chain preconditioned by Σ̂, in units of
+    Σ̂_jj (:mod:`numpyro_sg.kernels.noise_plan`).
+
+    >>> row_noise_in_laplace_units(np.eye(2) * 4.0, np.diag([0.5, 1.0])).tolist()
+    [1.0, 4.0]
+    """
+    L = np.asarray(chol, np.float64)
+    S = L @ L.T
+    return np.einsum("ij,jk,ki->i", S, np.asarray(covariance, np.float64), S) / np.diag(S)
+
+
+def laplace_row_noise(covariance, x, precond, key, points: int) -> tuple:
+    """r (d,) of :func:`row_noise_in_laplace_units` for the mean of ``covariance(y, x)``
+    (:func:`row_noise_covariance` with anchor x) at ``points`` draws y = x + L·ξ of the Laplace
+    approximation N(x, L·Lᵀ) (``precond``: dense or diagonal)."""
+    L = np.asarray(precond.chol if precond.chol is not None else jnp.diag(precond.scale), np.float64)
+    xi = np.asarray(jax.random.normal(key, (points, x.shape[0])), np.float64)
+    C = np.mean([np.asarray(covariance(jnp.asarray(y, x.dtype), x), np.float64)
+                 for y in np.asarray(x, np.float64) + xi @ L.T], axis=0)
+    return tuple(float(r) for r in row_noise_in_laplace_units(C, L))

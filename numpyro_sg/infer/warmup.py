@@ -21,13 +21,11 @@ Before the chains start (inside the kernel's ``init``, so it counts in ``MCMC.ru
    ``dense_max`` coordinates).
 
 The result, a :class:`ModeFit`, gives the Laplace covariance Σ̂ = (−H)⁻¹ at the mode as a
-:class:`~numpyro_sg.infer.preconditioner.Preconditioner` (a dense square root for up to
-``dense_max`` coordinates; above that a diagonal — the likelihood's Fisher diagonal from group
-gradients plus a Hutchinson estimate of the prior's Hessian diagonal (Hessian-vector products,
-:func:`~numpyro_sg.infer.curvature.hutchinson_diagonal`), never a d×d matrix — shrunk by
-√(2λ − 1) where λ is the top eigenvalue of the whitened −H found by power iteration, so that
-steps in its units stay stable on coupled coordinates), and the control-variate anchor (θ̂ and
-its full-data gradient).  :func:`starting_points` starts the chains at θ̂ + ``jitter``·L·ξ,
+:class:`~numpyro_sg.infer.preconditioner.Preconditioner` (dense up to ``dense_max``
+coordinates; above, a Fisher/Hutchinson diagonal shrunk for stiffness: :class:`WarmupOptions`),
+the control-variate anchor (θ̂ and its full-data gradient) and, up to ``dense_max``
+coordinates, the gradient noise of one row (:attr:`ModeFit.row_noise`), from which the
+kernels' defaults choose their mini-batch size (:mod:`numpyro_sg.kernels.noise_plan`).  :func:`starting_points` starts the chains at θ̂ + ``jitter``·L·ξ,
 ξ ~ N(0, I) per chain: a draw from the Laplace approximation.  ``WarmupOptions(centre=
 "variational")`` replaces steps 0–2 by a mean-field Gaussian fit (:mod:`~numpyro_sg.infer.variational`).
 """
@@ -54,6 +52,7 @@ from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.laplace import NewtonResult, damped_newton, log_density_not_lower, scaled_gradient_not_larger
 from numpyro_sg.infer.minibatch import Anchor, Minibatcher
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
+from numpyro_sg.infer.noise import laplace_row_noise, row_noise_covariance
 from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, best_ends, explore_starts, first_round_concave,
                                          first_chain_draw, flat_prior_draws, padded_rows, start_ascents, start_candidates,
                                          usual_start)
@@ -197,6 +196,13 @@ class _WarmupPrograms:
         return max(whitened_top_eigenvalue(lambda v, idx=idx: hvp(x, v, idx), scale, random.fold_in(key, 50))
                    for idx in draws)
 
+    def row_noise(self, x, precond: Preconditioner, key) -> tuple:
+        """:attr:`ModeFit.row_noise` on the Hessian's rows (:func:`~numpyro_sg.infer.noise.laplace_row_noise`)."""
+        (plate,) = self.mb.plates
+        covariance = self._jit(lambda y, anchor, a, k: row_noise_covariance(
+            self.log_density(a, k), plate.name, self.rows[plate.name], y, anchor), "row_noise_covariance")
+        return laplace_row_noise(covariance, x, precond, key, self.options.noise_points)
+
     def noise_heat(self, x, grad, scale, shrink, key) -> float:
         """:func:`~numpyro_sg.infer.curvature.noise_heat_of` the control-variate gradient noise
         (anchor x) at ``noise_points`` draws x + scale·ξ, in the frame of scale/``shrink``."""
@@ -302,6 +308,10 @@ def _mode_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         (x, (value, grad)) = newton.point, newton.state
         bar.set_postfix_str("preconditioner")
         precond, stiffness, noise_heat = _mode_preconditioner(programs, x, grad, curvature, dense, key_probe, dtype)
+        row_noise = None
+        if dense and options.max_noise_inflation is not None and len(programs.mb.plates) == 1 and not programs.monte_carlo:
+            bar.set_postfix_str("gradient noise")
+            row_noise = programs.row_noise(x, precond, random.fold_in(key_probe, 7))
         L = np.asarray(precond.chol, np.float64) if precond.chol is not None else None  # Σ̂ = L·Lᵀ
         ascents = start_ascents(*starts, lambda ys: programs.curvatures(ys, key_probe), float(value),
                                 options.multimodal_gap, L if L is None else lambda g: 0.5 * np.sum((L.T @ g) ** 2))
@@ -309,7 +319,7 @@ def _mode_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         mode=jnp.asarray(x, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value), preconditioner=precond,
         converged=newton.converged, newton_steps=newton.steps, seconds=time.perf_counter() - start_time,
         stiffness=float(stiffness), noise_heat=float(noise_heat), start_log_densities=tuple(float(v) for v in starts[0]),
-        start_ascents=ascents)
+        start_ascents=ascents, row_noise=row_noise)
 
 
 def _variational_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe,
@@ -328,13 +338,10 @@ def _variational_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, 
 
 
 def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe, bar):
-    """The start and the stochastic optimisation (module docstring, step 1), after the
-    multi-start phase (:mod:`~numpyro_sg.infer.multistart`): ``(point, (the starts' end log
-    densities, full-data gradients, end points))``; ``bar`` the progress bar.
-
-    The main Adam phase continues the ``starts_per_round`` best end points in the program of the
-    starts' ascents when both phases have the same batch sizes (else the best one), and keeps
-    the best by full-data log density."""
+    """The start and the stochastic optimisation (module docstring, step 1) after the multi-start
+    phase: ``(point, (the starts' end log densities, full-data gradients, end points))``; the main
+    Adam phase continues the ``starts_per_round`` best ends (the best one where the two phases'
+    batch sizes differ) and keeps the best by full-data log density."""
     options, (steps, batches) = programs.options, programs.adam_plan(d)
     x = usual_start(programs.full_value_and_grad, info, d, dtype, random.fold_in(key_probe, 1), options.symmetry_jitter)
     width = max(1, min(options.starts_per_round, options.num_starts))
@@ -371,8 +378,7 @@ def fit_model_mode(model, model_args=(), model_kwargs=None, options: WarmupOptio
     plates), for callers that share one fit among many kernels (the tuners' arms) and need
     the model's :class:`~numpyro_sg.infer.minibatch.Minibatcher` and flat → params ``unravel``.
     """
-    info = trace_model(model, model_args, model_kwargs, init_strategy=init_to_uniform,
-                       rng_key=random.PRNGKey(0))
+    info = trace_model(model, model_args, model_kwargs, init_strategy=init_to_uniform, rng_key=random.PRNGKey(0))
     plates = subsample_plates(info, None, model_args=model_args, model_kwargs=model_kwargs)
     mb = Minibatcher(model, plates)
     _, unravel = ravel_pytree(info.unconstrained_example())
@@ -380,11 +386,8 @@ def fit_model_mode(model, model_args=(), model_kwargs=None, options: WarmupOptio
 
 
 def starting_points(init_params, fit: ModeFit | None, rng_key, batched, unravel, jitter: float = 1.0):
-    """Initial unconstrained params of the chains.
-
-    ``init_params`` (the user's, or the init strategy's draws) win; otherwise each chain starts
-    at :func:`laplace_draw`, drawn from the chain's key.
-    """
+    """Initial unconstrained params of the chains: ``init_params`` (the user's, or the init
+    strategy's draws) win; otherwise each chain starts at :func:`laplace_draw` with its key."""
     if init_params is not None:
         return init_params
     if fit is None:

@@ -68,7 +68,14 @@ class WarmupOptions(Options):
         rating per batch, scaled by N/n) the mini-batch noise in the working frame is large;
         Langevin-type kernels then run hot, drift away from the anchor, where the
         control-variate noise grows further, and diverge.  ``None`` disables it.
-    :param int noise_points: see ``max_noise_heat``.
+    :param int noise_points: see ``max_noise_heat`` and ``max_noise_inflation``.
+    :param max_noise_inflation: up to ``dense_max`` coordinates (one subsample plate, no local
+        latents) the warmup measures the control-variate gradient noise of one row over the
+        Hessian's rows at ``noise_points`` draws of the Laplace approximation
+        (:attr:`ModeFit.row_noise`), and the kernels with a default step choose their mini-batch
+        size n so that the variance this noise adds to the chain's stationary variance is at
+        most this fraction in every coordinate (default 0.05: sds at most 2.5 % wide); see
+        :mod:`numpyro_sg.kernels.noise_plan`.  ``None`` disables the measurement and the choice.
     :param max_minibatch_stiffness: above ``dense_max`` coordinates, when λ_B — the top
         eigenvalue of the whitened Hessian of the kernels' *mini-batch* log density (N/n-scaled;
         largest over two mini-batches, in the frame of the scales after the shrinks above) —
@@ -147,6 +154,7 @@ class WarmupOptions(Options):
     max_noise_heat: float | None = 0.1
     max_minibatch_stiffness: float | None = 2.0
     noise_points: int = 4
+    max_noise_inflation: float | None = 0.05
     num_starts: int | None = None
     starts_per_round: int = 8
     settle_early: bool = True
@@ -222,6 +230,10 @@ class ModeFit:
     :ivar noise_heat: h, the 90% quantile over coordinates of τ̂_w²/4 — the extra variance a
         unit Langevin step gets from the control-variate gradient noise, relative to its
         injected noise — with that preconditioner (before ``max_noise_heat`` shrank it).
+    :ivar row_noise: r_j, the variance the control-variate gradient of a single row adds per
+        unit of drift, per coordinate, in units of the Laplace variance
+        (:meth:`~numpyro_sg.infer.warmup._WarmupPrograms.row_noise`; a mini-batch of n rows has
+        r_j/n); ``None`` where it was not measured (``WarmupOptions.max_noise_inflation``).
     :ivar start_log_densities: full-data log densities at the end points of the multi-start
         phase's short ascents (:mod:`~numpyro_sg.infer.multistart`; empty when it did not run).
     :ivar start_ascents: for the end points more than ``multimodal_gap`` nats below θ̂, how
@@ -240,6 +252,7 @@ class ModeFit:
     noise_heat: float = 0.0
     start_log_densities: tuple = ()
     start_ascents: tuple = ()
+    row_noise: tuple | None = None
 
     def local_modes(self, gap: float = 20.0) -> np.ndarray:
         """Which starts ended in a local mode more than ``gap`` nats below the mode found.

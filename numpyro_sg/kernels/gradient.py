@@ -5,19 +5,15 @@ The update itself is the kernel module's functional ``step``, built on
 :class:`GradientKernel` builds what that step takes from the NumPyro model, the same way for
 every kernel:
 
-* **one model trace** at ``init`` (:func:`numpyro_sg.infer.model_info.trace_model`) read by
-  plate discovery, data checks and deterministic-site detection;
-* the **warmup** (:mod:`numpyro_sg.infer.warmup`): mode, Laplace preconditioner, control-variate anchor,
-  and the chains' starts; the preconditioner's adaptation (``"adapt"``) between steps;
-* the **gradient estimator** (:meth:`GradientKernel.gradient_estimator`: plain or
-  control-variate, with the gradient-noise sd τ̂ in the preconditioner's working frame when
-  the kernel needs it) and the mini-batch of each iteration;
+* **one model trace** at ``init`` read by plate discovery, data checks and deterministic sites;
+* the **warmup** (:mod:`numpyro_sg.infer.warmup`): mode, Laplace preconditioner, control-variate
+  anchor, the chains' starts, and the defaults' mini-batch size from the gradient noise it
+  measured (:mod:`numpyro_sg.kernels.noise_plan`); ``"adapt"``'s updates between steps;
+* the **gradient estimator** (:meth:`GradientKernel.gradient_estimator`) and each iteration's mini-batch;
 * NumPyro's ``MCMCKernel`` contract, through :class:`~numpyro_sg.kernels.base.SGKernel`.
 
-A kernel supplies its ``State`` (:func:`~numpyro_sg.kernels.core.gradient_state`), its
-hyperparameters (``_hyperparameters``), its own state fields at the start (``_init_fields``),
-its functional step (``functional_step``) and that step's options (``step_options``); see
-:mod:`numpyro_sg.kernels.cyclical` for a complete kernel in a few lines.
+A kernel supplies its ``State``, ``_hyperparameters``, ``_init_fields``, ``functional_step`` and
+``step_options``; see :mod:`numpyro_sg.kernels.cyclical` for a complete kernel in a few lines.
 """
 
 from __future__ import annotations
@@ -47,6 +43,7 @@ from numpyro_sg.kernels.chain_start import ChainStart, search_trace_key
 from numpyro_sg.kernels.options import MINIBATCH_MOVES, check_choice, moved_options
 from numpyro_sg.kernels.core import gradient_init
 from numpyro_sg.kernels.data_cache import PerDataCache
+from numpyro_sg.kernels.noise_plan import kernel_noise_plan
 from numpyro_sg.locals.fitting import anchor_gradient, log_marginal_batcher
 from numpyro_sg.locals.model import integrate_locals
 from numpyro_sg.kernels.report import chain_moments, frozen_chains, frozen_report, misfit_report
@@ -80,19 +77,10 @@ class GradientKernel(SGKernel):
     :param init_strategy: NumPyro init strategy; the default ``None`` starts every chain at a draw of the
         Laplace approximation at the mode.  An explicit strategy (or ``init_params``) wins.
     :param minibatch_options: the mini-batch gradient's options, a :class:`~numpyro_sg.kernels.options.MinibatchOptions`
-        or a dict of its fields (``None``: the defaults):
+        or a dict of its fields (``replace``, ``check_data``, ``estimate_noise``, ``noise_ema_weight``;
+        ``None``: the defaults), e.g. ``{"replace": False}``.
 
-        * ``replace`` (bool): draw indices with replacement (default; O(n) per iteration) or without
-          replacement, walking epochs (a random permutation of the data per epoch);
-        * ``check_data`` (bool): check at ``init`` that the data to be subsampled are finite (default);
-        * ``estimate_noise``: compute the gradient-noise sd τ̂ from per-datum gradients (about one extra
-          gradient evaluation per iteration); ``None`` (default) for the kernel's own default: on where
-          the kernel's variant or step-size adaptation needs τ̂ (see each kernel), off elsewhere;
-        * ``noise_ema_weight`` (float): β ∈ (0, 1] (default 0.1) of the EMA of the gradient-noise sd,
-          τ̂⁽ᵏ⁾ = (1−β)·τ̂⁽ᵏ⁻¹⁾ + β·τ̂_k.
-
-        E.g. ``minibatch_options={"replace": False}``.  The former keywords ``replace=``, ``check_data=``,
-        ``estimate_noise=`` and ``noise_ema_weight=`` still work, with a ``DeprecationWarning``.
+    With a default step, n adapts to the warmup's gradient noise (:mod:`numpyro_sg.kernels.noise_plan`).
 
     Memory per step is O(n·k + d) at any d: the gradient-noise sd τ̂ (when the kernel needs it) comes from
     per-datum gradients only while n·d ≤ 10⁶, else from k ≤ 16 group means (attribute ``noise_groups``,
@@ -136,6 +124,7 @@ class GradientKernel(SGKernel):
         #: groups k of the gradient-noise estimate τ̂ (``None``: per datum at small n·d, else
         #: up to 16 group means; :func:`numpyro_sg.infer.minibatch.noise_groups`); set before ``run``
         self.noise_groups = None
+        self.noise_plan = None   #: the defaults' mini-batch size and step, known after ``init``
 
     @property
     def estimate_noise(self) -> bool:
@@ -220,6 +209,7 @@ class GradientKernel(SGKernel):
         values, or a draw of the Laplace approximation at the mode, made in the program."""
         self._set_adaptation_schedule()
         info, fit = self._plan(key_init, init_params, model_args, model_kwargs)
+        self._plan_noise(fit, model_args, model_kwargs)
         dtype = jnp.result_type(float)
         dim = sum(np.size(v) for v in jax.tree.leaves(info.unconstrained_example()))
         precond, anchor = self._geometry(fit, dim, dtype)
@@ -237,6 +227,27 @@ class GradientKernel(SGKernel):
                                 tree_signature(info.unconstrained_example()), jitter,
                                 arguments=("step_size",))  # (in hyper: one program for any step size)
         return ChainStart(init_one, (start, (hyper, precond, anchor)), (None if laplace else 0, None), key)
+
+    def _plan_noise(self, fit: ModeFit | None, model_args, model_kwargs):
+        """Set :attr:`noise_plan` (:func:`~numpyro_sg.kernels.noise_plan.kernel_noise_plan`) and,
+        where it changes the mini-batch size or sampling, the mini-batcher."""
+        plan = self.noise_plan = kernel_noise_plan(self, fit, stacklevel=6)
+        if plan is not None and (plan.subsample_size != self._mb.plates[0].subsample_size or plan.replace != self._mb.replace):
+            plate = self._mb.plates[0]
+            self.minibatch_options = dataclasses.replace(self.minibatch_options, replace=plan.replace)
+            plates = (dataclasses.replace(plate, subsample_size=plan.subsample_size),)
+            self._mb = make_minibatcher(self._model, plates, plan.replace, model_args, model_kwargs)
+
+    DEFAULT_STEP_SIZE: float = None   #: the default ε (SGBD: σ) in the preconditioner's units
+
+    def default_step_size(self, plain: bool = False):
+        """The step when ``step_size`` is ``None``: the default, times the :attr:`noise_plan`'s scale unless ``plain``."""
+        plan = self.noise_plan
+        return self.DEFAULT_STEP_SIZE * (1.0 if plain or plan is None else plan.step_scale)
+
+    def noise_inflation(self, step_size, noise):
+        """The variance fraction noise c adds at ``step_size`` (:mod:`~numpyro_sg.kernels.noise_plan`); ``None``: unknown."""
+        return None
 
     def _plan(self, key_init, init_params, model_args, model_kwargs):
         """Trace the model once, find its subsample plates, build the mini-batcher and run the

@@ -107,6 +107,16 @@ def sghmc_noise_variance(step_size, friction, temperature=1.0, noise_sd=None,
     return v
 
 
+def sghmc_inflation(step_size, noise, friction):
+    """η·c·(2 − α)/(α·(4 − 2α − η)), η = ε/2: the fraction of variance SGHMC's stationary
+    distribution gains from gradient noise of variance c per step on a whitened Gaussian target
+    (the stationary variance in the module docstring with η²·c added to s²; for α = 1 SGLD's
+    ε·c/(4 − ε); ``inf`` where the chain is unstable)."""
+    eta = 0.5 * step_size
+    room = 4.0 - 2.0 * friction - eta
+    return float("inf") if room <= 0 else eta * noise * (2.0 - friction) / (friction * room)
+
+
 def momentum_update(momentum, grad, step_size, friction, noise, noise_variance):
     """v' = (1 − α)·v + η·ĝ + √s²·ξ, η = ε/2, ξ = ``noise`` ~ N(0, I), s² = ``noise_variance``.
 
@@ -200,7 +210,7 @@ class MomentumKernel(GradientKernel):
         return super().step_options() | dict(correct_discretisation=self.correct_discretisation)
 
     def _hyperparameters(self, dim, precond):
-        return momentum_hyperparameters(self.step_size, self.friction, self.temperature, dim, self.DEFAULT_STEP_SIZE)
+        return momentum_hyperparameters(self.step_size, self.friction, self.temperature, dim, self.default_step_size())
 
     def _init_fields(self, noise_sd, hyper, dim, dtype):
         return momentum_fields(noise_sd, hyper, dim, dtype)

@@ -111,7 +111,7 @@ def misfit_report(fit, counts, means, m2s, limits) -> list:
         return []
     return [(
         f"the draws are far from the Laplace approximation at the warmup's mode (their mean "
-        f"is up to {offset:.2g} Laplace sds from the mode, their variance {low:.2g}–{high:.2g} "
+        f"is up to {offset:.2g} Laplace sds from the mode, their variance {max(low, 0.0):.2g}–{high:.2g} "
         "times the Laplace variance along some directions): the posterior is far from "
         "Gaussian, where the default step sizes, calibrated on near-Gaussian posteriors, can "
         "be biased",

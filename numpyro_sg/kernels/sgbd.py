@@ -52,6 +52,14 @@ BARKER_LOGISTIC_SCALE = 1.702
 _INCREMENT_QUANTILE = 1.233
 
 
+def sgbd_inflation(step_size, noise):
+    """√(1 + σ²·c/1.702²) − 1: the fraction of variance SGBD's stationary distribution gains from
+    gradient noise of variance c per coordinate (σ the step, a length): by the probit
+    approximation the noise divides the sign's logit by s = √(1 + σ²c/1.702²), and a chain that
+    targets π^(1/s) has s times π's variance (:mod:`numpyro_sg.kernels.noise_plan`)."""
+    return float(np.sqrt(1.0 + step_size**2 * noise / BARKER_LOGISTIC_SCALE**2)) - 1.0
+
+
 def barker_increment(key, sigma):
     """z ~ N(σ, (0.1·σ)²) elementwise (σ's shape)."""
     sigma = jnp.asarray(sigma)
@@ -234,6 +242,7 @@ class SGBD(GradientKernel):
     """
 
     State = SGBDState
+    DEFAULT_STEP_SIZE = DEFAULT_STEP_SIZE
     HYPERPARAMETERS = ("step_size",)
     VARIANTS = ("vanilla", "corrected", "extreme")
     ADAPT = (False, True, "always")
@@ -268,7 +277,7 @@ class SGBD(GradientKernel):
                                               correct_discretisation=self.correct_discretisation)
 
     def _hyperparameters(self, dim, precond):
-        sigma = jnp.asarray(DEFAULT_STEP_SIZE if self.step_size is None else self.step_size,
+        sigma = jnp.asarray(self.default_step_size() if self.step_size is None else self.step_size,
                             jnp.result_type(float))
         if sigma.ndim == 1 and sigma.shape != (dim,):
             raise ValueError(
@@ -278,3 +287,6 @@ class SGBD(GradientKernel):
 
     def _init_fields(self, noise_sd, hyper, dim, dtype):
         return sgbd_fields(noise_sd, hyper, dim, dtype, adapt=bool(self.adapt_step_size))
+
+    def noise_inflation(self, step_size, noise):
+        return None if self.adapt_step_size else sgbd_inflation(step_size, noise)

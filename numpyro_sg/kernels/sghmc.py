@@ -23,6 +23,7 @@ from jax.flatten_util import ravel_pytree
 
 from numpyro_sg.kernels.core import gradient_init, gradient_state, gradient_step
 from numpyro_sg.kernels.momentum import (MomentumKernel, momentum_fields, momentum_hyperparameters, momentum_update,
+                                         sghmc_inflation,
                                          sghmc_noise_variance)
 from numpyro_sg.kernels.options import MINIBATCH_MOVES, check_choice, moved_options
 from numpyro_sg.kernels.sgld import DEFAULT_STEP_SIZE as SGLD_DEFAULT_STEP_SIZE
@@ -163,3 +164,6 @@ class SGHMC(MomentumKernel):
 
     def step_options(self):
         return super().step_options() | dict(variant=self.variant)
+
+    def noise_inflation(self, step_size, noise):
+        return sghmc_inflation(step_size, noise, self.friction)

@@ -76,6 +76,13 @@ def sgld_move(state, grad_w, noise_sd_w, step_size, key, *, variant="vanilla", c
     return langevin_move(jnp.zeros_like(grad_w), grad_w, step_size, noise, variance), {}
 
 
+def sgld_inflation(step_size, noise):
+    """ε·c/(4 − ε): the fraction of variance SGLD's stationary distribution gains from gradient
+    noise of variance c per step, on a Gaussian target whitened by the preconditioner
+    (:mod:`numpyro_sg.kernels.noise_plan`; ``inf`` for ε ≥ 4, where the chain is unstable)."""
+    return float("inf") if step_size >= 4.0 else step_size * noise / (4.0 - step_size)
+
+
 def sgld_fields(noise_sd, hyper, dim, dtype):
     """SGLD's own state fields at the start: the step size."""
     return dict(step_size=step_size_at(hyper.step_size, 0, dtype))
@@ -175,6 +182,7 @@ class SGLD(GradientKernel):
     """
 
     State = SGLDState
+    DEFAULT_STEP_SIZE = DEFAULT_STEP_SIZE
     HYPERPARAMETERS = ("step_size", "temperature")
     VARIANTS = ("vanilla", "corrected")
 
@@ -201,8 +209,11 @@ class SGLD(GradientKernel):
         return super().step_options() | dict(variant=self.variant, correct_discretisation=self.correct_discretisation)
 
     def _hyperparameters(self, dim, precond):
-        eps = resolve_step_size(self.step_size, DEFAULT_STEP_SIZE, dim)
+        eps = resolve_step_size(self.step_size, self.default_step_size(), dim)
         return SGLDHyper(step_size=eps, temperature=jnp.asarray(self.temperature, jnp.result_type(float)))
 
     def _init_fields(self, noise_sd, hyper, dim, dtype):
         return sgld_fields(noise_sd, hyper, dim, dtype)
+
+    def noise_inflation(self, step_size, noise):
+        return sgld_inflation(step_size, noise)

@@ -1,0 +1,153 @@
+r"""The mini-batch size and step of a kernel's defaults, from the gradient noise the warmup measured.
+
+With control variates the gradient noise of a mini-batch of n rows, at a point θ of the
+posterior, is (1/n)·Cov_i(g_i(θ) − g_i(θ̂)): its size is set by how much single rows' gradients
+vary, and long-tailed covariates (lab values tens of sds out) or an exponential link make a few
+rows dominate it.  In the Laplace frame the warmup measures, per coordinate j, r_j: one row's
+variance (:attr:`~numpyro_sg.infer.warmup_options.ModeFit.row_noise`), so a mini-batch has
+c_j = r_j/n (times 1 − (n − 1)/(N − 1) without replacement).
+
+On a Gaussian target whitened by the preconditioner, gradient noise of variance c per step adds
+to the chain's stationary variance (exactly for the linear kernels, to first order for SGBD):
+
+* SGLD (``correct_discretisation``): ε·c/(4 − ε) (:func:`~numpyro_sg.kernels.sgld.sgld_inflation`);
+* SGHMC, friction α, η = ε/2: η·c·(2 − α)/(α·(4 − 2α − η))
+  (:func:`~numpyro_sg.kernels.momentum.sghmc_inflation`);
+* SGBD, step σ: √(1 + σ²·c/1.702²) − 1 (:func:`~numpyro_sg.kernels.sgbd.sgbd_inflation`: the
+  noise blurs the sign's logit by this factor, as the probit approximation shows, and a chain
+  targeting π^(1/s) has s times π's variance).
+
+:func:`plan_noise` raises n until this inflation is at most the tolerance
+(``WarmupOptions.max_noise_inflation``) with the kernel's default step, up to N; where N rows
+drawn with replacement are not enough, every mini-batch is the whole data (the exact gradient:
+a data set so small, or rows so extreme, that subsampling buys nothing).  With a user's
+``subsample_size`` the step shrinks instead.  What the kernel runs with is its ``noise_plan``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import warnings
+
+import numpy as np
+
+from numpyro_sg.diagnostics.convergence import ConvergenceWarning
+from numpyro_sg.infer.sharded_minibatch import is_sharded
+
+@dataclass(frozen=True)
+class NoisePlan:
+    """What a kernel runs with (:func:`plan_noise`).
+
+    :ivar subsample_size: n, the rows of each mini-batch.
+    :ivar step_scale: the factor on the default step (1: the default itself).
+    :ivar inflation: the predicted variance the gradient noise adds, as a fraction of the
+        posterior variance, in the worst coordinate.
+    :ivar row_noise: max_j r_j (:attr:`~numpyro_sg.infer.warmup_options.ModeFit.row_noise`).
+    :ivar requested: the n the model's plate (or the kernel's ``subsample_size``) asked for.
+    :ivar replace: whether rows are drawn with replacement (``False`` with n = N: every
+        mini-batch is the whole data, the exact gradient).
+    """
+
+    subsample_size: int
+    step_scale: float
+    inflation: float
+    row_noise: float
+    requested: int
+    replace: bool = True
+
+    @property
+    def changed(self) -> bool:
+        return self.subsample_size != self.requested or self.step_scale != 1.0
+
+
+def batch_noise(row_noise: float, n: int, N: int, replace: bool = True) -> float:
+    """c = r/n, times the finite-population factor 1 − (n − 1)/(N − 1) without replacement."""
+    c = row_noise / n
+    return c if replace or N <= 1 else c * max(1.0 - (n - 1) / (N - 1), 0.0)
+
+
+def plan_noise(inflation, step_size: float, row_noise, n: int, N: int, tolerance: float, *,
+               adjust_size: bool, adjust_step: bool, replace: bool = True, exact: bool = False) -> NoisePlan:
+    """The smallest n' ≥ n (≤ N, when ``adjust_size``) whose noise keeps ``inflation(step, c)`` at
+    most ``tolerance``; where N rows drawn with replacement are not enough and ``exact`` allows
+    it, every row without replacement (the exact gradient); else, if ``adjust_step``, the
+    largest step ``step_size``·s (s ≤ 1) that does.  ``inflation(step, c)`` grows with both
+    arguments.
+
+    >>> sgld_inflation = lambda eps, c: eps * c / (4 - eps)
+    >>> plan = plan_noise(sgld_inflation, 0.7, [0.0, 200.0], 500, 100_000, 0.05,
+    ...                   adjust_size=True, adjust_step=True)
+    >>> plan.subsample_size, plan.step_scale, round(plan.inflation, 4)
+    (849, 1.0, 0.05)
+    """
+    r = float(np.max(row_noise)) if len(row_noise) else 0.0
+    fits = lambda m, s=1.0: inflation(s * step_size, batch_noise(r, m, N, replace)) <= tolerance
+    m = n
+    if adjust_size and not fits(m) and r > 0:
+        lo, hi = n, N   # fits(hi) may be false: then N
+        if fits(hi):
+            while hi - lo > 1:   # fits is monotone in n
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+        m = hi
+        if exact and replace and not fits(m):
+            return NoisePlan(subsample_size=int(N), step_scale=1.0, inflation=0.0, row_noise=r,
+                             requested=int(n), replace=False)
+    scale = 1.0
+    if adjust_step and not fits(m):
+        lo, hi = 0.0, 1.0
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if fits(m, mid) else (lo, mid)
+        scale = lo
+    return NoisePlan(subsample_size=int(m), step_scale=float(scale),
+                     inflation=float(inflation(scale * step_size, batch_noise(r, m, N, replace))),
+                     row_noise=r, requested=int(n), replace=replace)
+
+
+def noise_warning(kernel: str, plan: NoisePlan, inflation, step_size: float, N: int, tolerance: float,
+                  replace: bool = True) -> str:
+    """The warning when the user's step and mini-batch size put the predicted inflation above
+    ``tolerance``, with a remedy that meets it: the mini-batch size that would (at this step), or,
+    where N rows are not enough, the step that would (at this size)."""
+    n = plan.subsample_size
+    bigger = plan_noise(inflation, step_size, [plan.row_noise], n, N, tolerance, adjust_size=True,
+                        adjust_step=False, replace=replace)
+    if bigger.inflation <= tolerance:
+        remedy = f"subsample_size={bigger.subsample_size} keeps it below {tolerance:.0%} at this step"
+    else:
+        smaller = plan_noise(inflation, step_size, [plan.row_noise], n, N, tolerance, adjust_size=False,
+                             adjust_step=True, replace=replace)
+        remedy = f"step_size={smaller.step_scale * step_size:.3g} keeps it below {tolerance:.0%} at this size"
+    return (f"{kernel}: the control-variate gradient noise of {n} rows per mini-batch adds about "
+            f"{plan.inflation:.0%} to the posterior variance at step_size={step_size:.3g} (measured by the "
+            f"warmup; the tolerance is warmup_options['max_noise_inflation'] = {tolerance:g}): the draws "
+            f"will be too wide. Remedy: {remedy}; the defaults (no step_size or "
+            "subsample_size) choose such settings themselves.")
+
+
+def kernel_noise_plan(kernel, fit, stacklevel: int = 2) -> NoisePlan | None:
+    """A gradient kernel's plan from its warmup's ``fit``: ``None`` where nothing was measured
+    (``fit.row_noise``), the tolerance is off, the kernel has no prediction
+    (``kernel.noise_inflation``), or its settings are outside the prediction's reach (a
+    preconditioner of the user's, plain gradients, several plates, a step per coordinate or a
+    schedule).  With the default step the size (``subsample_size`` not given to the kernel) or
+    else the step adapts; a user's step and size are kept, with a ``ConvergenceWarning``
+    (:func:`noise_warning`) when they exceed the tolerance."""
+    tolerance = kernel.warmup_options.max_noise_inflation
+    default = kernel.step_size is None
+    step = kernel.default_step_size(plain=True) if default else kernel.step_size
+    mb = kernel.minibatcher
+    if (fit is None or fit.row_noise is None or tolerance is None or not isinstance(kernel.preconditioner, str)
+            or kernel.gradient != "cv" or len(mb.plates) != 1 or callable(step) or np.ndim(step) != 0
+            or kernel.noise_inflation(1.0, 0.0) is None):
+        return None
+    (plate,) = mb.plates
+    plan = plan_noise(kernel.noise_inflation, float(step), fit.row_noise, plate.subsample_size, plate.size,
+                      tolerance, adjust_size=default and kernel._subsample_size is None, adjust_step=default,
+                      replace=mb.replace, exact=not is_sharded(mb))
+    if plan.inflation > tolerance:
+        warnings.warn(noise_warning(type(kernel).__name__, plan, kernel.noise_inflation, float(step), plate.size,
+                                    tolerance, mb.replace), ConvergenceWarning, stacklevel=stacklevel)
+    return plan
