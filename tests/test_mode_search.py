@@ -149,7 +149,7 @@ def test_the_starts_report_their_rounds():
     assert seen == [(4, 14), (8, 14), (12, 14), (14, 14)]
     seen.clear()
     explore_starts((firsts, lambda: rest), ascend, values_at, jax.random.PRNGKey(0), 4,
-                   settled=lambda starts, values: True, report=lambda done, total: seen.append((done, total)))
+                   settled=lambda starts, values, ends: True, report=lambda done, total: seen.append((done, total)))
     assert seen == [(4, 4)]
 
 

@@ -85,8 +85,12 @@ def row_noise_covariance(log_density, plate_name: str, rows, x, anchor, batch_si
     the gradient of ``log_density(x, {plate_name: [i]})`` and x̂ = ``anchor``: n times the
     covariance of the control-variate gradient on n rows drawn with replacement (the prior's
     part cancels), (d, d).  Traceable; ``batch_size`` rows at a time."""
-    row = lambda i, z: jax.grad(log_density)(z, {plate_name: i[None]})
-    deltas = jax.lax.map(lambda i: row(i, x) - row(i, anchor), rows, batch_size=batch_size)
+    both = jnp.stack([x, anchor])   # one trace of the model for both points
+
+    def delta(i):
+        g = jax.vmap(lambda z: jax.grad(log_density)(z, {plate_name: i[None]}))(both)
+        return g[0] - g[1]
+    deltas = jax.lax.map(delta, rows, batch_size=batch_size)
     centred = deltas - jnp.mean(deltas, axis=0)
     return centred.T @ centred / deltas.shape[0]
 

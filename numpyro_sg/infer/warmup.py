@@ -53,6 +53,7 @@ from numpyro_sg.infer.laplace import NewtonResult, damped_newton, log_density_no
 from numpyro_sg.infer.minibatch import Anchor, Minibatcher
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
 from numpyro_sg.infer.noise import laplace_row_noise, row_noise_covariance
+from numpyro_sg.infer.sharded_minibatch import is_sharded
 from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, best_ends, explore_starts, first_round_concave,
                                          first_chain_draw, flat_prior_draws, padded_rows, start_ascents, start_candidates,
                                          usual_start)
@@ -309,7 +310,8 @@ def _mode_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         bar.set_postfix_str("preconditioner")
         precond, stiffness, noise_heat = _mode_preconditioner(programs, x, grad, curvature, dense, key_probe, dtype)
         row_noise = None
-        if dense and options.max_noise_inflation is not None and len(programs.mb.plates) == 1 and not programs.monte_carlo:
+        if (dense and options.max_noise_inflation is not None and len(programs.mb.plates) == 1
+                and not programs.monte_carlo and not is_sharded(programs.mb)):
             bar.set_postfix_str("gradient noise")
             row_noise = programs.row_noise(x, precond, random.fold_in(key_probe, 7))
         L = np.asarray(precond.chol, np.float64) if precond.chol is not None else None  # Σ̂ = L·Lᵀ
@@ -386,8 +388,7 @@ def fit_model_mode(model, model_args=(), model_kwargs=None, options: WarmupOptio
 
 
 def starting_points(init_params, fit: ModeFit | None, rng_key, batched, unravel, jitter: float = 1.0):
-    """Initial unconstrained params of the chains: ``init_params`` (the user's, or the init
-    strategy's draws) win; otherwise each chain starts at :func:`laplace_draw` with its key."""
+    """The chains' starts: ``init_params`` (given or drawn) win, else :func:`laplace_draw` per key."""
     if init_params is not None:
         return init_params
     if fit is None:

@@ -180,7 +180,7 @@ class SGKernel(ProgressText, MCMCKernel):
 
     #: instance attributes that are no setting of the compiled programs (caches, ``init``'s products)
     NOT_SETTINGS = ("_fits", "_mb", "_unravel", "_sample_fn", "_warned_embedded", "_clock", "_diagnostics_shown",
-                    "_diagnostics_calls", "_vectorized")
+                    "_diagnostics_calls", "_vectorized", "noise_plan")
 
     def _program_key(self, *parts, arguments=()):
         """Key of one of this kernel's compiled programs (:func:`~numpyro_sg.infer.programs.

@@ -136,12 +136,13 @@ def kernel_noise_plan(kernel, fit, stacklevel: int = 2) -> NoisePlan | None:
     else the step adapts; a user's step and size are kept, with a ``ConvergenceWarning``
     (:func:`noise_warning`) when they exceed the tolerance."""
     tolerance = kernel.warmup_options.max_noise_inflation
+    if (fit is None or fit.row_noise is None or tolerance is None or kernel.noise_inflation(1.0, 0.0) is None
+            or not isinstance(kernel.preconditioner, str) or kernel.gradient != "cv"):
+        return None
     default = kernel.step_size is None
     step = kernel.default_step_size(plain=True) if default else kernel.step_size
     mb = kernel.minibatcher
-    if (fit is None or fit.row_noise is None or tolerance is None or not isinstance(kernel.preconditioner, str)
-            or kernel.gradient != "cv" or len(mb.plates) != 1 or callable(step) or np.ndim(step) != 0
-            or kernel.noise_inflation(1.0, 0.0) is None):
+    if len(mb.plates) != 1 or callable(step) or np.ndim(step) != 0:
         return None
     (plate,) = mb.plates
     plan = plan_noise(kernel.noise_inflation, float(step), fit.row_noise, plate.subsample_size, plate.size,
