@@ -293,11 +293,13 @@ def test_no_stack_walking_private_numpyro_api_or_prints():
 
 
 def test_user_facing_text_cites_no_internal_document():
-    """Docstrings, docs and the README cite papers by authors, year and title, never the
-    project's internal documents (a design spec, numbered paper files, issue numbers)."""
-    pattern = re.compile(r"SPEC|(?i:paper 00\d)|issue #")
+    """Docstrings, docs, the README, the tests and the benchmarks cite papers by authors, year
+    and title, never the project's internal documents (a design spec, numbered paper files,
+    issue numbers)."""
+    pattern = re.compile(r"SPEC|(?i:(paper|slides) 00\d)|(?i:issue #?\d)")
     files = [p for p in ROOT.rglob("*.py")]
-    files += list((ROOT.parent / "examples").rglob("*.py"))
+    for folder in ("examples", "tests", "benchmarks"):
+        files += [p for p in (ROOT.parent / folder).rglob("*.py") if p != Path(__file__).resolve()]
     files += list((ROOT.parent / "docs").glob("*.md")) + [ROOT.parent / "README.md"]
     found = [f"{p.relative_to(ROOT.parent)}:{i}: {line.strip()}" for p in files
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]

@@ -137,7 +137,7 @@ def test_summary_has_per_coordinate_ksd(idata):
     assert list(table.index) == ["theta[0]", "theta[1]", "theta[2]"]
     assert np.all(np.isfinite(table["ksd"])) and np.all(table["ksd"] > 0)
     assert "inclusion_prob" not in table  # no indicator sites
-    # the column is paper 000's per-coordinate terms: they sum to the per-coordinate KSD
+    # the column is Song, Sun, Ye & Liang's (2020) per-coordinate terms: they sum to the per-coordinate KSD
     st = idata["stein"]
     x = st["unconstrained"].values.reshape(-1, 3)
     s = st["score"].values.reshape(-1, 3)

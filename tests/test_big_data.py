@@ -18,7 +18,7 @@ Tolerances: relaxation time ≈ 2·var/ε ≈ 100 iterations for c-SGLD, ≈ (sd
   over seeds 1–4: c-SGLD sd ratios 0.966–1.039 (no visible bias), mean errors ≤ 0.065 sd;
   c-SGBD sd ratios 1.010–1.072, mean 1.035: adaptive corrected SGBD over-disperses by about
   3.5% here (it has no accept/reject step, and the corrected sign probability is unbiased only
-  to within 0.019, paper 001 Prop. 4), mean errors ≤ 0.068 sd.  Vanilla SGLD at this ε
+  to within 0.019, Mauri & Zanella 2024, Prop. 4), mean errors ≤ 0.068 sd.  Vanilla SGLD at this ε
   inflates the sd by √1.5 − 1 ≈ 22% and fails.
 """
 

@@ -1,4 +1,4 @@
-"""High-dimensional models (issue #17): group-mean gradient noise, BPMF/PPMF, loaders, paper 001.
+"""High-dimensional models: group-mean gradient noise, BPMF/PPMF, loaders, Mauri & Zanella (2024).
 
 Default suite: a few seconds each.  ``-m slow``: the 2,000 × 3,000 acceptance run and the
 skew-normal toy at the paper's size.
@@ -154,7 +154,7 @@ def test_ppmf_model_runs():
     assert s["theta"].shape == (20, 30, 2) and np.all(np.asarray(s["theta"]) > 0)
 
 
-# -- paper 001 §5.1: skew-normal toy --------------------------------------------------------
+# -- Mauri & Zanella (2024) §5.1: skew-normal toy --------------------------------------------------------
 def test_skew_normal_moments():
     mean, sd = skew_normal_moments(0.0)
     assert mean == 0.0 and sd == 1.0
@@ -175,7 +175,7 @@ def test_skew_normal_sgbd_flat_sgld_explodes():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["SGLD", "SGBD", "SGHMC", "SGNHT", "PSGLD", "BAOAB"])
 def test_bpmf_acceptance_2000x3000(name):
-    """Issue #17: 2,000 × 3,000, rank 10, 200,000 ratings (d = 50,040), defaults, 1,000 + 2,000
+    """2,000 × 3,000, rank 10, 200,000 ratings (d = 50,040), defaults, 1,000 + 2,000
     iterations: no divergence and the posterior-mean test RMSE within 15% of the information
     bound σ·√(1 + k/n̄_user + k/n̄_item) = 0.573.
 

@@ -24,7 +24,7 @@ from numpyro_sg.diagnostics.scales import resolve_scales
 from numpyro_sg.infer.laplace import laplace_scales
 
 
-# -- a brute-force O(T²·d) reference written straight from SPEC §7 (float64 numpy) ------------
+# -- a brute-force O(T²·d) reference written straight from the definition (float64 numpy) ------------
 
 
 def brute_terms(x, s, c=1.0, beta=-0.5, statistic="v"):
@@ -148,7 +148,7 @@ def test_blocked_matches_brute_force(block_size, statistic):
         k = ksd(x, scores=s, preconditioner=None, statistic=statistic, block_size=block_size)
         kpc = ksd(x, scores=s, preconditioner=None, statistic=statistic, block_size=block_size, per_coordinate=True)
     np.testing.assert_allclose(k, signed_root(ref.sum()), rtol=1e-10)
-    # per-coordinate KSD is Σ_j √V_j (paper 000, supplement §4.4); U terms are signed roots
+    # per-coordinate KSD is Σ_j √V_j (Song, Sun, Ye & Liang 2020, supplement §4.4); U terms are signed roots
     np.testing.assert_allclose(kpc, np.sum(signed_root(ref)), rtol=1e-10)
 
 
@@ -293,7 +293,7 @@ def test_default_ranks_samples_where_raw_form_misranks():
     # (AR(1), ρ = 0.9, like a small-step SGLD run); "inflated": sd 2× too large; "shifted": mean
     # off by one sd; both mix faster (ρ = 0.5).  Measured with this seed, default (sd):
     # 0.18 vs 1.14 vs 1.32 — asserted with a 2× margin.  Raw form: 11.9 vs 9.9 vs 113 (misranks
-    # the inflated sample above the correct one, as in SPEC §7).
+    # the inflated sample above the correct one, as the scale-aware KSD does).
     rng = np.random.default_rng(3)
     T, d, sd = 2000, 5, 0.02
     mu = np.linspace(-1, 1, d)

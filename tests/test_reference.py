@@ -23,7 +23,7 @@ NUTS               —         1                    0.11         0.11         �
 "KSD common" scores both runs with NUTS's unconstrained sd (``compare``); "KSD default" each
 run with its own sd (``to_inference_data``'s default); "raw" is the papers' form
 (``preconditioner=None``), which ranks the inflated chain as *better* — the failure that
-made the scale-aware KSD the default (SPEC §7).
+made the scale-aware KSD the default (docs/background_ksd.md).
 """
 
 import jax
@@ -141,7 +141,7 @@ def test_too_large_step_gives_larger_xi_and_ksd(runs):
 
 
 def test_default_ksd_ranks_inflated_chain_worse_where_raw_ksd_may_not(runs):
-    """Issue 7: the failure of the papers' raw KSD on a concentrated posterior, and the fix."""
+    """The failure of the papers' raw KSD on a concentrated posterior, and the fix."""
     sd = {k: runs[k].posterior["theta"].values.reshape(-1, D).std(0) for k in ("small", "large", "ref")}
     inflation = sd["large"] / sd["ref"]
     print("sd inflation of the large-step chain:", np.round(inflation, 2))

@@ -57,7 +57,7 @@ def poisson_model(X, y=None, n=40):
 
 
 def size_dependent_model(X, y=None, n=40):
-    """Slab variance exp(C0/|S|)/(2π) (paper 000, Table S1): not a per-coordinate prior."""
+    """Slab variance exp(C0/|S|)/(2π) (Song, Sun, Ye & Liang 2020, Table S1): not a per-coordinate prior."""
     N, p = X.shape
     g = numpyro.sample("gamma", dist.Bernoulli(0.3).expand([p]).to_event(1))
     size = jnp.maximum(jnp.sum(g), 1)

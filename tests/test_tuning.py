@@ -1,4 +1,4 @@
-"""MAMBA, grid search and the 1/N heuristic (paper 002 §3, Algorithm 1; SPEC §8; issue 14).
+"""MAMBA, grid search and the 1/N heuristic (Coullon, South & Nemeth 2023, §3, Algorithm 1).
 
 A conjugate linear regression (N = 1,000, d = 3, noise sd 1, prior N(0, 2²); posterior sd
 ≈ 0.03) with SGLD.  With absolute step sizes (``preconditioner=None``) the planted grid has
@@ -28,7 +28,7 @@ from numpyro_sg.tuning.result import TuningResult
 
 GOOD = 2e-4  # ε·λ_max ≈ 0.2: stable, mixes in ~100 iterations, sd inflation ≈ 5%
 PLANTED = [1e-10, 1e-9, GOOD, 0.5, 1.0]
-ABSOLUTE = dict(preconditioner=None, gradient="plain")  # paper 002's SGLD, started at the mode
+ABSOLUTE = dict(preconditioner=None, gradient="plain")  # Coullon, South & Nemeth's SGLD, started at the mode
 KEY = jax.random.PRNGKey(0)
 
 
@@ -67,7 +67,7 @@ def test_criterion_tracks_bias_not_mixing(data, geometry, seed):
     """A correct but slowly mixing chain (AR(0.98), ~20 effective draws of 2,000) against an
     iid sample whose sd is 2.4× too large (the issue's example): the default criterion
     (U-statistic KSD of ESS-thinned draws + its se) ranks the correct chain first, its bias
-    estimate within 3 se of 0, the biased sample's above 10 se.  (Whether paper 002's plain
+    estimate within 3 se of 0, the biased sample's above 10 se.  (Whether Coullon, South & Nemeth's plain
     KSD gets this wrong depends on the chain length and d — it did at d = 10 with 1,000 draws,
     measured in docs/tuning.md — so it is not asserted.)"""
     X, y = data

@@ -87,7 +87,7 @@ def test_sgbd_update_moves_by_plus_minus_z():
 @pytest.mark.parametrize("noise", ["normal", "laplace", "student_t"])
 @pytest.mark.parametrize("z,g", [(0.8, 1.3), (0.5, -2.0), (1.5, 0.4)])
 def test_proposition_1_vanilla_shrinks_toward_half(noise, z, g):
-    """Paper 001, Prop. 1: under symmetric gradient noise E[p̂] is shrunk toward ½."""
+    """Mauri & Zanella (2024), Prop. 1: under symmetric gradient noise E[p̂] is shrunk toward ½."""
     key = jax.random.PRNGKey(0)
     m = 400_000
     eta = {
@@ -106,7 +106,7 @@ def test_proposition_1_vanilla_shrinks_toward_half(noise, z, g):
 
 @pytest.mark.parametrize("z,g,tau", [(0.8, 1.3, 1.5), (0.5, -2.0, 3.0), (1.0, 0.7, 1.2)])
 def test_proposition_4_corrected_is_nearly_unbiased(z, g, tau):
-    """Paper 001, Prop. 4: under Gaussian noise with τ < 1.702/|z|, |E p̃ − p| < 0.019."""
+    """Mauri & Zanella (2024), Prop. 4: under Gaussian noise with τ < 1.702/|z|, |E p̃ − p| < 0.019."""
     m = 400_000
     eta = tau * jax.random.normal(jax.random.PRNGKey(1), (m,))
     p_true = float(keep_sign_probability(z, g, 0.0, "vanilla"))
