@@ -98,8 +98,8 @@ def predicted_ascent(grad, neg_h) -> float:
 
     With the full curvature −H (d, d): the Newton decrement ½·gᵀ(−H)⁻¹g where −H is positive
     definite, ``inf`` where it is not (a saddle, a ridge, a slope still climbing: no local
-    maximum there; so too where −H is not finite).  With its diagonal (d,) only (large models): ½·Σ g_j²/|h_jj| (magnitudes,
-    so that any point has an answer).  ``inf`` where the result is not finite.  Small at a
+    maximum there; so too where −H is not finite).  With its diagonal (d,) only (large models):
+    ½·Σ g_j²/|h_jj| (magnitudes, so that any point has an answer).  ``inf`` where the result is not finite.  Small at a
     local maximum; large on a slope that is still climbing.
 
     >>> round(predicted_ascent([1.0, 0.0], [[2.0, 0.0], [0.0, 1.0]]), 12)

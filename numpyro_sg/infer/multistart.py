@@ -178,8 +178,8 @@ def explore_starts(starts, ascend, values_at, key, width: int, settled=None, rep
 def first_round_concave(starts, values, ends, curvature) -> bool:
     """True when the first round shows a log-concave posterior as far as it can tell: every end
     finite, and −H = ``curvature(x)`` (full, up to :data:`EXACT_ASCENT_MAX` coordinates)
-    finite and positive definite at every start.  A GLM's starts then all climb to its one mode and the
-    other rounds are skipped; a mixture's dispersed starts meet indefinite curvature (two
+    finite and positive definite at every start.  A GLM's starts then all climb to its one mode
+    and the other rounds are skipped; a mixture's dispersed starts meet indefinite curvature (two
     components pulling one mean apart), and every round runs.  The starts are checked one at a
     time and the first indefinite one ends the check: on a hierarchical model, where every
     start is indefinite, it costs one Hessian, not one per start.  Agreement of the first ends

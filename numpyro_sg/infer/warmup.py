@@ -25,9 +25,9 @@ The result, a :class:`ModeFit`, gives the Laplace covariance Σ̂ = (−H)⁻¹ 
 coordinates; above, a Fisher/Hutchinson diagonal shrunk for stiffness: :class:`WarmupOptions`),
 the control-variate anchor (θ̂ and its full-data gradient) and, up to ``dense_max``
 coordinates, the gradient noise of one row (:attr:`ModeFit.row_noise`), from which the
-kernels' defaults choose their mini-batch size (:mod:`numpyro_sg.kernels.noise_plan`).  :func:`starting_points` starts the chains at θ̂ + ``jitter``·L·ξ,
-ξ ~ N(0, I) per chain: a draw from the Laplace approximation.  ``WarmupOptions(centre=
-"variational")`` replaces steps 0–2 by a mean-field Gaussian fit (:mod:`~numpyro_sg.infer.variational`).
+kernels' defaults choose their mini-batch size (:mod:`numpyro_sg.kernels.noise_plan`).
+:func:`starting_points` starts the chains at θ̂ + ``jitter``·L·ξ, ξ ~ N(0, I) per chain.
+``centre="variational"`` replaces steps 0–2 by a mean-field fit (:mod:`~numpyro_sg.infer.variational`).
 """
 
 from __future__ import annotations

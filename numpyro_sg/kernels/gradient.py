@@ -232,10 +232,8 @@ class GradientKernel(SGKernel):
         """Set :attr:`noise_plan` (:func:`~numpyro_sg.kernels.noise_plan.kernel_noise_plan`) and,
         where it changes the mini-batch size or sampling, the mini-batcher."""
         plan = self.noise_plan = kernel_noise_plan(self, fit, stacklevel=6)
-        if plan is not None and (plan.subsample_size != self._mb.plates[0].subsample_size or plan.replace != self._mb.replace):
-            plate = self._mb.plates[0]
-            self.minibatch_options = dataclasses.replace(self.minibatch_options, replace=plan.replace)
-            plates = (dataclasses.replace(plate, subsample_size=plan.subsample_size),)
+        if plan is not None and (plan.subsample_size != plan.requested or plan.replace != self._mb.replace):
+            plates = (dataclasses.replace(self._mb.plates[0], subsample_size=plan.subsample_size),)
             self._mb = make_minibatcher(self._model, plates, plan.replace, model_args, model_kwargs)
 
     DEFAULT_STEP_SIZE: float = None   #: the default ε (SGBD: σ) in the preconditioner's units

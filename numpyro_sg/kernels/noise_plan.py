@@ -26,14 +26,14 @@ a data set so small, or rows so extreme, that subsampling buys nothing).  With a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
 from numpyro_sg.diagnostics.convergence import ConvergenceWarning
 from numpyro_sg.infer.sharded_minibatch import is_sharded
+
 
 @dataclass(frozen=True)
 class NoisePlan:
@@ -58,6 +58,7 @@ class NoisePlan:
 
     @property
     def changed(self) -> bool:
+        """Whether the plan departs from the requested size or the default step."""
         return self.subsample_size != self.requested or self.step_scale != 1.0
 
 
