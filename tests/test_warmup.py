@@ -20,7 +20,8 @@ from numpyro.infer import MCMC, init_to_uniform, init_to_value
 import numpyro_sg as nsg
 from numpyro_sg import datasets as ds
 from numpyro_sg.infer.minibatch import Minibatcher, discover_plates
-from numpyro_sg.infer.preconditioner import Moments, Preconditioner, adapted_preconditioner, update_moments
+from numpyro_sg.infer.preconditioner import (Moments, Preconditioner, adapted_preconditioner, init_moments,
+                                             update_moments)
 
 DEFAULTS = {"SGLD": lambda model, **kw: nsg.SGLD(model, **kw),
             "SGBD": lambda model, **kw: nsg.SGBD(model, **kw)}
@@ -229,7 +230,7 @@ def test_adapted_preconditioner_estimates_the_covariance():
     A = rng.normal(size=(3, 3))
     C = A @ A.T + np.eye(3)
     x = rng.multivariate_normal(np.zeros(3), C, size=20_000).astype(np.float32)
-    m = Moments(np.float32(0), np.zeros(3, np.float32), np.zeros((3, 3), np.float32))
+    m = init_moments(3, dense=True)
     m = jax.lax.scan(lambda mm, xi: (update_moments(mm, xi), None), m, x)[0]
     P = adapted_preconditioner(Preconditioner(chol=np.eye(3, dtype=np.float32)), m)
     L = np.asarray(P.chol, np.float64)

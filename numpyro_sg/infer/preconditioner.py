@@ -75,27 +75,36 @@ def rows_to_working(P: Preconditioner, G):
 
 class Moments(NamedTuple):
     """Running (Welford) moments of a chain's flat parameters: ``count``, ``mean`` (d,) and the
-    sum of squared deviations ``m2`` — (d, d) for a dense preconditioner, (d,) otherwise."""
+    sum of squared deviations ``m2`` — (d, d) for a dense preconditioner, (d,) otherwise — and
+    the smallest and largest value of each coordinate, ``low`` and ``high`` (d,): a chain's
+    excursions, which a mean and variance average away."""
 
     count: Any
     mean: Any
     m2: Any
+    low: Any = None
+    high: Any = None
 
 
 def init_moments(dim: int, dense: bool, dtype=jnp.float32) -> Moments:
     """Empty moments (dense: a (d, d) ``m2``)."""
     m2 = jnp.zeros((dim, dim) if dense else (dim,), dtype)
-    return Moments(jnp.zeros((), dtype), jnp.zeros((dim,), dtype), m2)
+    return Moments(jnp.zeros((), dtype), jnp.zeros((dim,), dtype), m2, jnp.zeros((dim,), dtype),
+                   jnp.zeros((dim,), dtype))
 
 
 def update_moments(m: Moments, x, active=True) -> Moments:
-    """Welford's update with the point ``x`` where ``active`` (else ``m`` unchanged)."""
+    """Welford's update with the point ``x`` where ``active`` (else ``m`` unchanged); ``low`` and
+    ``high`` start at the first point counted (moments reset to zeros start afresh)."""
     count = m.count + 1.0
     delta = x - m.mean
     mean = m.mean + delta / count
     after = x - mean
     m2 = m.m2 + (jnp.outer(delta, after) if m.m2.ndim == 2 else delta * after)
-    return Moments(*(jnp.where(active, new, old) for new, old in zip((count, mean, m2), m)))
+    first = m.count == 0
+    low = jnp.where(first, x, jnp.minimum(m.low, x))
+    high = jnp.where(first, x, jnp.maximum(m.high, x))
+    return Moments(*(jnp.where(active, new, old) for new, old in zip((count, mean, m2, low, high), m)))
 
 
 def pool_moments(counts, means, m2s):

@@ -46,7 +46,7 @@ from numpyro_sg.kernels.data_cache import PerDataCache
 from numpyro_sg.kernels.noise_plan import kernel_noise_plan
 from numpyro_sg.locals.fitting import anchor_gradient, log_marginal_batcher
 from numpyro_sg.locals.model import integrate_locals
-from numpyro_sg.kernels.report import chain_moments, frozen_chains, frozen_report, misfit_report
+from numpyro_sg.kernels.report import chain_moments, excursion_report, frozen_chains, frozen_report, misfit_report
 
 __all__ = ["GradientKernel"]
 
@@ -333,7 +333,7 @@ class GradientKernel(SGKernel):
     def convergence_report(self, state) -> list:
         """Causes found in the moments the chains collected over the kept draws, as
         ``(problem, remedy)`` pairs (:mod:`numpyro_sg.kernels.report`): chains that barely move
-        (the step size's units), else the draws' distance from the Laplace approximation."""
+        (the step size's units), else excursions and the draws' distance from the Laplace fit."""
         fit, m = self._fits.value, getattr(state, "moments", None)
         if fit is None or m is None:
             return []
@@ -348,7 +348,8 @@ class GradientKernel(SGKernel):
             # a diagonal Laplace preconditioner (d > dense_max) ignores the correlations and is shrunk for
             # stability (WarmupOptions.stabilise_diagonal): no posterior approximation to measure the misfit against
             return []
-        return misfit_report(fit, counts, means, m2s, (self.MISFIT_OFFSET, self.MISFIT_EIGENVALUES))
+        return (excursion_report(fit, m, state.diverging)
+                + misfit_report(fit, counts, means, m2s, (self.MISFIT_OFFSET, self.MISFIT_EIGENVALUES)))
 
     # -- one iteration ----------------------------------------------------------------------
     def _estimator(self, anchor, precond, model_args, model_kwargs):

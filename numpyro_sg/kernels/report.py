@@ -9,8 +9,12 @@ draws against the Laplace approximation N(θ̂, L·Lᵀ) at the warmup's mode θ
   posterior sds, so a paper's absolute step (say 10⁻⁶) given to a preconditioned kernel is a step
   of 10⁻⁶ posterior sds: the report names the units and how to give an absolute step
   (``preconditioner=None, gradient="plain"``), rather than blaming the posterior's shape;
+* **excursions**: a chain whose draws went more than :data:`EXCURSION_SDS` Laplace sds from the
+  mode in some coordinate (its running minimum and maximum): a jump that a pooled mean and
+  variance, R̂ and ESS average away — the mark of a mini-batch gradient whose noise is
+  dominated by a few extreme rows;
 * **Laplace misfit**: the pooled draws' mean and covariance far from the Laplace approximation
-  (the posterior is far from Gaussian), reported only when no chain is frozen.
+  (the posterior is far from Gaussian); both reported only when no chain is frozen.
 
 Each finding is a pair ``(problem, remedy)`` (a triple ending in ``True`` when the cause also
 explains why the chains disagree): :func:`numpyro_sg.check_convergence` lists the problems and,
@@ -26,6 +30,10 @@ from numpyro_sg.infer.preconditioner import laplace_misfit, pool_moments
 #: a chain whose draws' sd is below this many Laplace sds along every direction barely moves
 #: (a chain sampling the posterior spreads over about one)
 FROZEN_SPREAD = 0.1
+#: a chain whose draws went further than this many Laplace sds from the mode in a coordinate made
+#: an excursion: 4 chains × 2,000 draws of a Gaussian stay within about 5 (the largest of 8,000·d
+#: normal draws, √(2·ln(2·8,000·d)) for d ≤ 100), skewed posteriors within about 10
+EXCURSION_SDS = 20.0
 #: the misfit report counts at least this fraction of the kept draws as independent when it
 #: allows for the sampling noise of their mean and covariance (:func:`with_sampling_noise`)
 MIN_ESS_FRACTION = 0.1
@@ -117,4 +125,29 @@ def misfit_report(fit, counts, means, m2s, limits) -> list:
         "be biased",
         "check against NUTS (numpyro_sg.nuts_reference), or use a smaller step_size and "
         "preconditioner='adapt'",
+    )]
+
+
+def excursion_report(fit, moments, diverging, limit: float = EXCURSION_SDS) -> list:
+    """``[(problem, remedy)]`` for chains (not diverged: those are reported as such) whose draws
+    went more than ``limit`` Laplace sds from the mode in a coordinate, from the running
+    ``low`` and ``high`` of their moments."""
+    d = fit.mode.shape[0]
+    low, high = (np.asarray(a, np.float64).reshape(-1, d) for a in (moments.low, moments.high))
+    mode, scale = np.asarray(fit.mode, np.float64), fit.scales
+    reach = np.maximum(high - mode, mode - low) / scale          # (chains, d)
+    diverging = np.asarray(diverging).reshape(-1)
+    far = {c: float(np.max(reach[c])) for c in range(len(reach))
+           if np.max(reach[c]) > limit and not diverging[c] and np.all(np.isfinite(reach[c]))}
+    if not far:
+        return []
+    worst = max(far, key=far.get)
+    return [(
+        f"chain(s) {sorted(far)} made excursions: their draws went up to {far[worst]:.3g} Laplace sds "
+        f"from the warmup's mode (chain {worst}, flat coordinate {int(np.argmax(reach[worst]))}), where a "
+        f"posterior's draws stay within about 10: jumps that the pooled mean and variance, R̂ and ESS "
+        "average away, typically from a mini-batch gradient whose noise a few extreme rows dominate",
+        "leave step_size and subsample_size to the defaults, which size the mini-batch to the gradient "
+        "noise the warmup measured (kernel.noise_plan), or raise subsample_size; check against NUTS "
+        "(numpyro_sg.nuts_reference)",
     )]
