@@ -29,7 +29,9 @@ def test_a_chain_that_jumps_30_sds_once_is_reported_and_gaussian_chains_are_not(
     draws[2, 1000:1005, 1] += 0.1 * 30
     found = excursion_report(fit, _moments(draws), np.zeros(4, bool))
     assert len(found) == 1 and "chain(s) [2]" in found[0][0] and "flat coordinate 1" in found[0][0], found
-    assert "subsample_size" in found[0][1]
+    assert "numpyro_sg.SGBD" in found[0][1]
+    bounded = excursion_report(fit, _moments(draws), np.zeros(4, bool), bounded=True)
+    assert "subsample_size" in bounded[0][1] and "SGBD" not in bounded[0][1]
     assert excursion_report(fit, _moments(draws), np.array([False, False, True, False])) == []
     assert EXCURSION_SDS < 30
 

@@ -117,3 +117,14 @@ def test_plan_noise_raises_the_size_then_takes_the_whole_data_then_shrinks_the_s
     assert smaller.subsample_size == 500 and smaller.step_scale < 1 and abs(smaller.inflation - 0.05) < 1e-6
     quiet = plan_noise(inflation, 0.7, [1.0], 500, 10_000, 0.05, adjust_size=True, adjust_step=True)
     assert quiet.subsample_size == 500 and quiet.step_scale == 1.0 and not quiet.changed
+
+
+def test_one_extreme_row_counts_as_if_drawn_at_every_step():
+    """Where one row's kick t/n outweighs the rows' variance r/n, the plan sizes n so that (t/n)²
+    meets the tolerance: SGLD at ε = 0.7 allows c ≤ 0.05·3.3/0.7, so n ≥ t/√c."""
+    inflation = lambda eps, c: sgld_inflation(eps, c)
+    averaged = plan_noise(inflation, 0.7, [10.0], 500, 10**6, 0.05, adjust_size=True, adjust_step=True)
+    tail = plan_noise(inflation, 0.7, [10.0], 500, 10**6, 0.05, adjust_size=True, adjust_step=True, row_kick=[2000.0])
+    need = int(np.ceil(2000.0 / np.sqrt(0.05 * 3.3 / 0.7)))
+    assert averaged.subsample_size == 500 and abs(tail.subsample_size - need) <= 1, (tail, need)
+    assert tail.row_kick == 2000.0 and tail.inflation <= 0.05

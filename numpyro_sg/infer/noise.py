@@ -80,11 +80,14 @@ def group_noise_sd(likelihood, flat, idx, groups: int, anchor=None, to_working: 
     return jnp.sqrt(m2 / (k - 1) / k * fraction_unsampled)
 
 
-def row_noise_covariance(log_density, plate_name: str, rows, x, anchor, batch_size: int = 1024):
+def row_noise_covariance(log_density, plate_name: str, rows, x, anchor, frame, batch_size: int = 1024):
     """Cov_i(g_i(x) − g_i(x̂)) over the row indices ``rows``, g_i = ∇ log p + N·∇ log f(x_i | ·)
     the gradient of ``log_density(x, {plate_name: [i]})`` and x̂ = ``anchor``: n times the
     covariance of the control-variate gradient on n rows drawn with replacement (the prior's
-    part cancels), (d, d).  Traceable; ``batch_size`` rows at a time."""
+    part cancels), (d, d); and the largest single row's deviation in the frame S = ``frame`` (d, d),
+    t_j = max_i |(S·(δ_i − δ̄))_j| / √S_jj with δ_i = g_i(x) − g_i(x̂): a mini-batch of n rows moves
+    a chain preconditioned by S by t_j/n Laplace sds per unit of drift when it holds row i (d,).
+    Traceable; ``batch_size`` rows at a time."""
     both = jnp.stack([x, anchor])   # one trace of the model for both points
 
     def delta(i):
@@ -92,7 +95,8 @@ def row_noise_covariance(log_density, plate_name: str, rows, x, anchor, batch_si
         return g[0] - g[1]
     deltas = jax.lax.map(delta, rows, batch_size=batch_size)
     centred = deltas - jnp.mean(deltas, axis=0)
-    return centred.T @ centred / deltas.shape[0]
+    largest = jnp.max(jnp.abs(centred @ frame), axis=0) / jnp.sqrt(jnp.diag(frame))
+    return centred.T @ centred / deltas.shape[0], largest
 
 
 def row_noise_in_laplace_units(covariance, chol) -> np.ndarray:
@@ -109,11 +113,14 @@ def row_noise_in_laplace_units(covariance, chol) -> np.ndarray:
 
 
 def laplace_row_noise(covariance, x, precond, key, points: int) -> tuple:
-    """r (d,) of :func:`row_noise_in_laplace_units` for the mean of ``covariance(y, x)``
-    (:func:`row_noise_covariance` with anchor x) at ``points`` draws y = x + L·ξ of the Laplace
-    approximation N(x, L·Lᵀ) (``precond``: dense or diagonal)."""
+    """``(r, t)``: r (d,) of :func:`row_noise_in_laplace_units` for the mean of the covariance
+    returned by ``covariance(y, x, S)`` (:func:`row_noise_covariance` with anchor x and frame
+    S = L·Lᵀ) at ``points`` draws y = x + L·ξ of the Laplace approximation N(x, L·Lᵀ) (``precond``:
+    dense or diagonal), and t (d,) the largest single row's deviation over those draws."""
     L = np.asarray(precond.chol if precond.chol is not None else jnp.diag(precond.scale), np.float64)
+    S = jnp.asarray(L @ L.T, x.dtype)
     xi = np.asarray(jax.random.normal(key, (points, x.shape[0])), np.float64)
-    C = np.mean([np.asarray(covariance(jnp.asarray(y, x.dtype), x), np.float64)
-                 for y in np.asarray(x, np.float64) + xi @ L.T], axis=0)
-    return tuple(float(r) for r in row_noise_in_laplace_units(C, L))
+    found = [covariance(jnp.asarray(y, x.dtype), x, S) for y in np.asarray(x, np.float64) + xi @ L.T]
+    C = np.mean([np.asarray(c, np.float64) for c, _ in found], axis=0)
+    t = np.max([np.asarray(largest, np.float64) for _, largest in found], axis=0)
+    return tuple(float(r) for r in row_noise_in_laplace_units(C, L)), tuple(float(v) for v in t)

@@ -198,10 +198,10 @@ class _WarmupPrograms:
                    for idx in draws)
 
     def row_noise(self, x, precond: Preconditioner, key) -> tuple:
-        """:attr:`ModeFit.row_noise` on the Hessian's rows (:func:`~numpyro_sg.infer.noise.laplace_row_noise`)."""
+        """``(``:attr:`ModeFit.row_noise`, :attr:`ModeFit.row_kick```)`` on the Hessian's rows (:func:`~numpyro_sg.infer.noise.laplace_row_noise`)."""
         (plate,) = self.mb.plates
-        covariance = self._jit(lambda y, anchor, a, k: row_noise_covariance(
-            self.log_density(a, k), plate.name, self.rows[plate.name], y, anchor), "row_noise_covariance")
+        covariance = self._jit(lambda y, anchor, frame, a, k: row_noise_covariance(
+            self.log_density(a, k), plate.name, self.rows[plate.name], y, anchor, frame), "row_noise_covariance")
         return laplace_row_noise(covariance, x, precond, key, self.options.noise_points)
 
     def noise_heat(self, x, grad, scale, shrink, key) -> float:
@@ -309,11 +309,11 @@ def _mode_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         (x, (value, grad)) = newton.point, newton.state
         bar.set_postfix_str("preconditioner")
         precond, stiffness, noise_heat = _mode_preconditioner(programs, x, grad, curvature, dense, key_probe, dtype)
-        row_noise = None
+        row_noise = row_kick = None
         if (dense and options.max_noise_inflation is not None and len(programs.mb.plates) == 1
                 and not programs.monte_carlo and not is_sharded(programs.mb)):
             bar.set_postfix_str("gradient noise")
-            row_noise = programs.row_noise(x, precond, random.fold_in(key_probe, 7))
+            row_noise, row_kick = programs.row_noise(x, precond, random.fold_in(key_probe, 7))
         L = np.asarray(precond.chol, np.float64) if precond.chol is not None else None  # Σ̂ = L·Lᵀ
         ascents = start_ascents(*starts, lambda ys: programs.curvatures(ys, key_probe), float(value),
                                 options.multimodal_gap, L if L is None else lambda g: 0.5 * np.sum((L.T @ g) ** 2))
@@ -321,7 +321,7 @@ def _mode_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         mode=jnp.asarray(x, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value), preconditioner=precond,
         converged=newton.converged, newton_steps=newton.steps, seconds=time.perf_counter() - start_time,
         stiffness=float(stiffness), noise_heat=float(noise_heat), start_log_densities=tuple(float(v) for v in starts[0]),
-        start_ascents=ascents, row_noise=row_noise)
+        start_ascents=ascents, row_noise=row_noise, row_kick=row_kick)
 
 
 def _variational_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe,

@@ -234,6 +234,10 @@ class ModeFit:
         unit of drift, per coordinate, in units of the Laplace variance
         (:meth:`~numpyro_sg.infer.warmup._WarmupPrograms.row_noise`; a mini-batch of n rows has
         r_j/n); ``None`` where it was not measured (``WarmupOptions.max_noise_inflation``).
+    :ivar row_kick: t_j, the largest single row's share of that gradient, in Laplace sds per
+        unit of drift (a mini-batch of n rows that holds the row moves coordinate j by t_j/n
+        per unit of drift): where a few extreme rows dominate, t_j²/n² exceeds r_j/n
+        (:func:`~numpyro_sg.infer.noise.row_noise_covariance`); ``None`` where not measured.
     :ivar start_log_densities: full-data log densities at the end points of the multi-start
         phase's short ascents (:mod:`~numpyro_sg.infer.multistart`; empty when it did not run).
     :ivar start_ascents: for the end points more than ``multimodal_gap`` nats below θ̂, how
@@ -253,6 +257,7 @@ class ModeFit:
     start_log_densities: tuple = ()
     start_ascents: tuple = ()
     row_noise: tuple | None = None
+    row_kick: tuple | None = None
 
     def local_modes(self, gap: float = 20.0) -> np.ndarray:
         """Which starts ended in a local mode more than ``gap`` nats below the mode found.

@@ -237,6 +237,7 @@ class GradientKernel(SGKernel):
             self._mb = make_minibatcher(self._model, plates, plan.replace, model_args, model_kwargs)
 
     DEFAULT_STEP_SIZE: float = None   #: the default ε (SGBD: σ) in the preconditioner's units
+    BOUNDED_MOVES = False   #: whether a move's length is bounded whatever the gradient (SGBD)
 
     def default_step_size(self, plain: bool = False):
         """The step when ``step_size`` is ``None``: the default, times the :attr:`noise_plan`'s scale unless ``plain``."""
@@ -348,7 +349,7 @@ class GradientKernel(SGKernel):
             # a diagonal Laplace preconditioner (d > dense_max) ignores the correlations and is shrunk for
             # stability (WarmupOptions.stabilise_diagonal): no posterior approximation to measure the misfit against
             return []
-        return (excursion_report(fit, m, state.diverging)
+        return (excursion_report(fit, m, state.diverging, bounded=self.BOUNDED_MOVES)
                 + misfit_report(fit, counts, means, m2s, (self.MISFIT_OFFSET, self.MISFIT_EIGENVALUES)))
 
     # -- one iteration ----------------------------------------------------------------------

@@ -5,7 +5,11 @@ posterior, is (1/n)·Cov_i(g_i(θ) − g_i(θ̂)): its size is set by how much s
 vary, and long-tailed covariates (lab values tens of sds out) or an exponential link make a few
 rows dominate it.  In the Laplace frame the warmup measures, per coordinate j, r_j: one row's
 variance (:attr:`~numpyro_sg.infer.warmup_options.ModeFit.row_noise`), so a mini-batch has
-c_j = r_j/n (times 1 − (n − 1)/(N − 1) without replacement).
+c_j = r_j/n (times 1 − (n − 1)/(N − 1) without replacement).  A variance averages the rows; where
+a few rows dominate it, the mini-batch that holds one of them moves the chain by t_j/n per unit of
+drift (t_j: :attr:`~numpyro_sg.infer.warmup_options.ModeFit.row_kick`), a jump that can carry the
+chain past where the Laplace frame holds; the plans therefore count c_j = max(r_j/n, t_j²/n²), as
+if the worst row were drawn at every step.
 
 On a Gaussian target whitened by the preconditioner, gradient noise of variance c per step adds
 to the chain's stationary variance (exactly for the linear kernels, to first order for SGBD):
@@ -44,6 +48,7 @@ class NoisePlan:
     :ivar inflation: the predicted variance the gradient noise adds, as a fraction of the
         posterior variance, in the worst coordinate.
     :ivar row_noise: max_j r_j (:attr:`~numpyro_sg.infer.warmup_options.ModeFit.row_noise`).
+    :ivar row_kick: max_j t_j (:attr:`~numpyro_sg.infer.warmup_options.ModeFit.row_kick`; 0 when not measured).
     :ivar requested: the n the model's plate (or the kernel's ``subsample_size``) asked for.
     :ivar replace: whether rows are drawn with replacement (``False`` with n = N: every
         mini-batch is the whole data, the exact gradient).
@@ -55,6 +60,7 @@ class NoisePlan:
     row_noise: float
     requested: int
     replace: bool = True
+    row_kick: float = 0.0
 
     @property
     def changed(self) -> bool:
@@ -62,16 +68,17 @@ class NoisePlan:
         return self.subsample_size != self.requested or self.step_scale != 1.0
 
 
-def batch_noise(row_noise: float, n: int, N: int, replace: bool = True) -> float:
-    """c = r/n, times the finite-population factor 1 − (n − 1)/(N − 1) without replacement."""
-    c = row_noise / n
+def batch_noise(row_noise: float, n: int, N: int, replace: bool = True, row_kick: float = 0.0) -> float:
+    """c = max(r/n, t²/n²), times the finite-population factor 1 − (n − 1)/(N − 1) without replacement."""
+    c = max(row_noise / n, (row_kick / n) ** 2)
     return c if replace or N <= 1 else c * max(1.0 - (n - 1) / (N - 1), 0.0)
 
 
 def plan_noise(inflation, step_size: float, row_noise, n: int, N: int, tolerance: float, *,
-               adjust_size: bool, adjust_step: bool, replace: bool = True, exact: bool = False) -> NoisePlan:
+               adjust_size: bool, adjust_step: bool, replace: bool = True, exact: bool = False,
+               row_kick=()) -> NoisePlan:
     """The smallest n' ≥ n (≤ N, when ``adjust_size``) whose noise keeps ``inflation(step, c)`` at
-    most ``tolerance``; where N rows drawn with replacement are not enough and ``exact`` allows
+    most ``tolerance`` (:func:`batch_noise` of max_j ``row_noise`` and max_j ``row_kick``); where N rows drawn with replacement are not enough and ``exact`` allows
     it, every row without replacement (the exact gradient); else, if ``adjust_step``, the
     largest step ``step_size``·s (s ≤ 1) that does.  ``inflation(step, c)`` grows with both
     arguments.
@@ -83,9 +90,11 @@ def plan_noise(inflation, step_size: float, row_noise, n: int, N: int, tolerance
     (849, 1.0, 0.05)
     """
     r = float(np.max(row_noise)) if len(row_noise) else 0.0
-    fits = lambda m, s=1.0: inflation(s * step_size, batch_noise(r, m, N, replace)) <= tolerance
+    t = float(np.max(row_kick)) if row_kick is not None and len(row_kick) else 0.0
+    noise = lambda m: batch_noise(r, m, N, replace, t)
+    fits = lambda m, s=1.0: inflation(s * step_size, noise(m)) <= tolerance
     m = n
-    if adjust_size and not fits(m) and r > 0:
+    if adjust_size and not fits(m) and max(r, t) > 0:
         lo, hi = n, N   # fits(hi) may be false: then N
         if fits(hi):
             while hi - lo > 1:   # fits is monotone in n
@@ -94,7 +103,7 @@ def plan_noise(inflation, step_size: float, row_noise, n: int, N: int, tolerance
         m = hi
         if exact and replace and not fits(m):
             return NoisePlan(subsample_size=int(N), step_scale=1.0, inflation=0.0, row_noise=r,
-                             requested=int(n), replace=False)
+                             requested=int(n), replace=False, row_kick=t)
     scale = 1.0
     if adjust_step and not fits(m):
         lo, hi = 0.0, 1.0
@@ -103,8 +112,8 @@ def plan_noise(inflation, step_size: float, row_noise, n: int, N: int, tolerance
             lo, hi = (mid, hi) if fits(m, mid) else (lo, mid)
         scale = lo
     return NoisePlan(subsample_size=int(m), step_scale=float(scale),
-                     inflation=float(inflation(scale * step_size, batch_noise(r, m, N, replace))),
-                     row_noise=r, requested=int(n), replace=replace)
+                     inflation=float(inflation(scale * step_size, noise(m))),
+                     row_noise=r, requested=int(n), replace=replace, row_kick=t)
 
 
 def noise_warning(kernel: str, plan: NoisePlan, inflation, step_size: float, N: int, tolerance: float,
@@ -114,12 +123,12 @@ def noise_warning(kernel: str, plan: NoisePlan, inflation, step_size: float, N: 
     where N rows are not enough, the step that would (at this size)."""
     n = plan.subsample_size
     bigger = plan_noise(inflation, step_size, [plan.row_noise], n, N, tolerance, adjust_size=True,
-                        adjust_step=False, replace=replace)
+                        adjust_step=False, replace=replace, row_kick=[plan.row_kick])
     if bigger.inflation <= tolerance:
         remedy = f"subsample_size={bigger.subsample_size} keeps it below {tolerance:.0%} at this step"
     else:
         smaller = plan_noise(inflation, step_size, [plan.row_noise], n, N, tolerance, adjust_size=False,
-                             adjust_step=True, replace=replace)
+                             adjust_step=True, replace=replace, row_kick=[plan.row_kick])
         remedy = f"step_size={smaller.step_scale * step_size:.3g} keeps it below {tolerance:.0%} at this size"
     return (f"{kernel}: the control-variate gradient noise of {n} rows per mini-batch adds about "
             f"{plan.inflation:.0%} to the posterior variance at step_size={step_size:.3g} (measured by the "
@@ -148,7 +157,7 @@ def kernel_noise_plan(kernel, fit, stacklevel: int = 2) -> NoisePlan | None:
     (plate,) = mb.plates
     plan = plan_noise(kernel.noise_inflation, float(step), fit.row_noise, plate.subsample_size, plate.size,
                       tolerance, adjust_size=default and kernel._subsample_size is None, adjust_step=default,
-                      replace=mb.replace, exact=not is_sharded(mb))
+                      replace=mb.replace, exact=not is_sharded(mb), row_kick=fit.row_kick)
     if plan.inflation > tolerance:
         warnings.warn(noise_warning(type(kernel).__name__, plan, kernel.noise_inflation, float(step), plate.size,
                                     tolerance, mb.replace), ConvergenceWarning, stacklevel=stacklevel)

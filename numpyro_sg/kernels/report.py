@@ -128,10 +128,11 @@ def misfit_report(fit, counts, means, m2s, limits) -> list:
     )]
 
 
-def excursion_report(fit, moments, diverging, limit: float = EXCURSION_SDS) -> list:
+def excursion_report(fit, moments, diverging, limit: float = EXCURSION_SDS, bounded: bool = False) -> list:
     """``[(problem, remedy)]`` for chains (not diverged: those are reported as such) whose draws
     went more than ``limit`` Laplace sds from the mode in a coordinate, from the running
-    ``low`` and ``high`` of their moments."""
+    ``low`` and ``high`` of their moments.  The remedy, for a kernel whose moves grow with the
+    gradient (SGLD, SGHMC), is SGBD, whose moves are ``bounded``; for SGBD, a larger mini-batch."""
     d = fit.mode.shape[0]
     low, high = (np.asarray(a, np.float64).reshape(-1, d) for a in (moments.low, moments.high))
     mode, scale = np.asarray(fit.mode, np.float64), fit.scales
@@ -142,12 +143,14 @@ def excursion_report(fit, moments, diverging, limit: float = EXCURSION_SDS) -> l
     if not far:
         return []
     worst = max(far, key=far.get)
+    remedy = ("raise subsample_size" if bounded else
+              "run numpyro_sg.SGBD on the same model: its moves are bounded, so neither an extreme row's gradient "
+              "nor a steep wall of the posterior can throw a chain")
     return [(
         f"chain(s) {sorted(far)} made excursions: their draws went up to {far[worst]:.3g} Laplace sds "
         f"from the warmup's mode (chain {worst}, flat coordinate {int(np.argmax(reach[worst]))}), where a "
         f"posterior's draws stay within about 10: jumps that the pooled mean and variance, R̂ and ESS "
-        "average away, typically from a mini-batch gradient whose noise a few extreme rows dominate",
-        "leave step_size and subsample_size to the defaults, which size the mini-batch to the gradient "
-        "noise the warmup measured (kernel.noise_plan), or raise subsample_size; check against NUTS "
-        "(numpyro_sg.nuts_reference)",
+        "average away, from a mini-batch gradient whose noise a few extreme rows dominate, or a step too "
+        "long for where the posterior's curvature rises far above the mode's",
+        f"{remedy}; check against NUTS (numpyro_sg.nuts_reference)",
     )]

@@ -243,6 +243,7 @@ class SGBD(GradientKernel):
 
     State = SGBDState
     DEFAULT_STEP_SIZE = DEFAULT_STEP_SIZE
+    BOUNDED_MOVES = True
     HYPERPARAMETERS = ("step_size",)
     VARIANTS = ("vanilla", "corrected", "extreme")
     ADAPT = (False, True, "always")
