@@ -47,20 +47,22 @@ def _sds(kernel, data, key=0):
 
 def test_the_defaults_choose_a_mini_batch_whose_noise_keeps_the_sds_right(long_tailed_poisson):
     """With the plate's 100 rows the control-variate noise of these rows makes SGLD's fixed
-    default step (ε = 0.7) 14–25 % too wide in three of four coordinates; the warmup measures the
-    noise of one row and the defaults raise n until it adds at most 5 % to the variance.  The
-    sds then match the Laplace sds (the posterior of a Poisson GLM on 50,000 rows is Gaussian to
-    well within this tolerance) within 10 %: 4 chains × 1,000 draws estimate an sd to about 4 %
-    (seed fixed).  The fixed default's run shows that the test can fail: it is outside."""
+    default step (ε = 0.7) 4–11 % too wide in the three long-tailed coordinates (14–25 % before
+    the Langevin gradient was tamed, which clips the largest rows' kicks); the warmup measures the
+    noise of one row and of the largest, and the defaults raise n until they add at most 5 % to
+    the variance.  The sds then match the Laplace sds (the posterior of a Poisson GLM on 50,000
+    rows is Gaussian to well within this tolerance) within 6 %: 4 chains × 1,000 draws estimate
+    an sd to about 3 % (seed fixed; measured 1.3–3.2 %).  The fixed default's run shows that the
+    test can fail: its worst coordinate is 10.7 % wide, outside."""
     kernel = nsg.SGLD(poisson_model)
     ratios = _sds(kernel, long_tailed_poisson)
     plan = kernel.noise_plan
     assert plan.requested == 100 and 1_000 < plan.subsample_size < 50_000 and plan.step_scale == 1.0, plan
     assert plan.inflation <= 0.05 + 1e-9
     assert kernel.minibatcher.plates[0].subsample_size == plan.subsample_size
-    assert np.all(np.abs(ratios - 1) < 0.1), ratios
+    assert np.all(np.abs(ratios - 1) < 0.06), ratios
     fixed = _sds(nsg.SGLD(poisson_model, warmup_options={"max_noise_inflation": None}), long_tailed_poisson)
-    assert np.max(fixed) > 1.15, fixed
+    assert np.max(fixed) > 1.08, fixed
 
 
 def test_a_users_step_and_size_are_kept_with_a_warning_whose_remedy_meets_the_tolerance(long_tailed_poisson):

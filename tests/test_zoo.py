@@ -1,9 +1,10 @@
 """Every family of the model zoo (tests/zoo.py: survival, count, gamma, Student-t and
 multinomial models on real data with long-tailed, collinear covariates) against full-data NUTS:
 SGLD's, SGBD's and SGHMC's defaults within ξ(σ̂) ≤ 0.1 and mean errors ≤ 0.2 NUTS sd, or a
-``ConvergenceWarning`` on that run (no silent failure).  The bounds: 4 chains × 2,000 draws give
-ξ(σ̂) and mean errors a Monte Carlo spread of a few percent of an sd, and NUTS's 600 draws
-about 0.05 sd; 0.1 and 0.2 leave room for both and catch the failures these defaults had
+``ConvergenceWarning`` on that run (no silent failure) whose remedy, where it names another kernel
+(SGBD, after excursions), meets the bounds.  The bounds: 4 chains × 2,000 draws give
+ξ(σ̂) and mean errors a Monte Carlo spread of a few percent of an sd, and NUTS's 2,000 draws
+about 0.03 sd; 0.1 and 0.2 leave room for both and catch the failures these defaults had
 (ξ 0.15–7.6, mean errors of 3.6 sds and more).  Validation suite (about a minute per run)."""
 
 import sys
@@ -31,4 +32,8 @@ def test_the_defaults_match_nuts_or_say_they_do_not(name, kernel):
                                    **nuts_settings(family))
     run = run_one(family, kernel, seed=0)
     score = compare(family, run, reference)
-    assert (score["xi"] <= 0.1 and score["mean_error"] <= 0.2) or run["warnings"], (score, run["plan"])
+    within = lambda s: s["xi"] <= 0.1 and s["mean_error"] <= 0.2
+    assert within(score) or run["warnings"], (score, run["plan"])
+    if not within(score) and any("run numpyro_sg.SGBD" in w for w in run["warnings"]):
+        remedy = compare(family, run_one(family, "SGBD", seed=0), reference)   # the excursion warning's remedy
+        assert within(remedy), (score, remedy)

@@ -86,6 +86,18 @@ class Moments(NamedTuple):
     high: Any = None
 
 
+def given_preconditioner(P, dim: int, dtype) -> Preconditioner:
+    """A preconditioner given as an array: ``None`` (M = I), scales (d,) or a covariance (d, d)."""
+    if P is None:
+        return Preconditioner()
+    if np.shape(P) not in ((dim,), (dim, dim)):
+        kind = "scales have" if np.ndim(P) == 1 else "covariance has"
+        raise ValueError(f"preconditioner {kind} shape {np.shape(P)}; the model has {dim} unconstrained coordinates.")
+    if np.ndim(P) == 1:
+        return Preconditioner(scale=jnp.asarray(P, dtype))
+    return Preconditioner(chol=jnp.asarray(np.linalg.cholesky(P), dtype))
+
+
 def init_moments(dim: int, dense: bool, dtype=jnp.float32) -> Moments:
     """Empty moments (dense: a (d, d) ``m2``)."""
     m2 = jnp.zeros((dim, dim) if dense else (dim,), dtype)

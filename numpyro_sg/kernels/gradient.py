@@ -33,8 +33,8 @@ from numpyro_sg.infer.minibatch import Anchor, subsample_plates
 from numpyro_sg.infer.model_info import trace_model
 from numpyro_sg.infer.sharded_minibatch import make_minibatcher
 from numpyro_sg.infer.sharding import auto_view, eager_under_trace
-from numpyro_sg.infer.preconditioner import (Preconditioner, adapted_preconditioner, init_moments, laplace_draw,
-                                             update_moments)
+from numpyro_sg.infer.preconditioner import (adapted_preconditioner, given_preconditioner, init_moments,
+                                             laplace_draw, update_moments)
 from numpyro_sg.infer.progress import warmup_progress
 from numpyro_sg.infer.warmup import ModeFit, WarmupOptions, find_mode
 from numpyro_sg.infer.programs import tree_signature
@@ -188,18 +188,7 @@ class GradientKernel(SGKernel):
     def _geometry(self, fit: ModeFit | None, dim: int, dtype):
         """(Preconditioner, Anchor or None) from the options and the warmup's fit."""
         P = self.preconditioner
-        if isinstance(P, str):
-            precond = fit.preconditioner
-        elif P is None:
-            precond = Preconditioner()
-        elif P.ndim == 1:
-            if P.shape != (dim,):
-                raise ValueError(f"preconditioner scales have shape {P.shape}; the model has {dim} unconstrained coordinates.")
-            precond = Preconditioner(scale=jnp.asarray(P, dtype))
-        else:
-            if P.shape != (dim, dim):
-                raise ValueError(f"preconditioner covariance has shape {P.shape}; the model has {dim} unconstrained coordinates.")
-            precond = Preconditioner(chol=jnp.asarray(np.linalg.cholesky(P), dtype))
+        precond = fit.preconditioner if isinstance(P, str) else given_preconditioner(P, dim, dtype)
         anchor = Anchor(fit.mode, fit.grad) if self.gradient == "cv" else None
         return precond, anchor
 
@@ -320,7 +309,6 @@ class GradientKernel(SGKernel):
 
         def reset(st):
             return st._replace(moments=jax.tree.map(jnp.zeros_like, st.moments))
-
         for fn, at in ((refit, self._adapt_at), (reset, self._adapt_at + (self._num_warmup,))):
             if at:
                 fn_all = fn if single else jax.vmap(fn)

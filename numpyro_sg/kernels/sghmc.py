@@ -25,6 +25,7 @@ from numpyro_sg.kernels.core import gradient_init, gradient_state, gradient_step
 from numpyro_sg.kernels.momentum import (MomentumKernel, momentum_fields, momentum_hyperparameters, momentum_update,
                                          sghmc_inflation,
                                          sghmc_noise_variance)
+from numpyro_sg.kernels.moves import tamed_gradient
 from numpyro_sg.kernels.options import MINIBATCH_MOVES, check_choice, moved_options
 from numpyro_sg.kernels.sgld import DEFAULT_STEP_SIZE as SGLD_DEFAULT_STEP_SIZE
 
@@ -49,12 +50,13 @@ iteration; zero at the start), and ``momentum_norm`` its Euclidean norm{extra}.
 SGHMCState = gradient_state("SGHMCState", ("momentum", "momentum_norm"),
                             doc=STATE_DOC.format(name="SGHMC", extra=""))
 def sghmc_move(state, grad_w, noise_sd_w, step_size, key, *, variant="vanilla", correct_discretisation=False):
-    """SGHMC's move in the working frame: v' = (1 − α)·v + η·ĝ_w + N(0, s²), du = v' (η = ε/2)."""
+    """SGHMC's move in the working frame: v' = (1 − α)·v + η·ĝ_w + N(0, s²), du = v' (η = ε/2),
+    ĝ_w tamed in a dense Laplace frame (:func:`~numpyro_sg.kernels.moves.tamed_gradient`)."""
     h = state.hyper
     variance = sghmc_noise_variance(step_size, h.friction, h.temperature,
                                     noise_sd_w if variant == "corrected" else None, correct_discretisation)
     noise = random.normal(key, grad_w.shape, grad_w.dtype)
-    v = momentum_update(state.momentum, grad_w, step_size, h.friction, noise, variance)
+    v = momentum_update(state.momentum, tamed_gradient(grad_w, state.precond), step_size, h.friction, noise, variance)
     return v, dict(momentum=v, momentum_norm=jnp.sqrt(jnp.sum(v**2)))
 
 

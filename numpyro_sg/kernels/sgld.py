@@ -38,7 +38,7 @@ from jax.flatten_util import ravel_pytree
 from numpyro_sg.kernels.core import gradient_init, gradient_state, gradient_step
 from numpyro_sg.kernels.gradient import GradientKernel
 from numpyro_sg.kernels.options import MINIBATCH_MOVES, check_choice, check_positive, moved_options
-from numpyro_sg.kernels.moves import langevin_move, langevin_noise_variance
+from numpyro_sg.kernels.moves import langevin_move, langevin_noise_variance, tamed_gradient
 from numpyro_sg.kernels.step_size import resolve_step_size, step_size_at
 
 __all__ = ["SGLD", "init", "step"]
@@ -69,11 +69,12 @@ the control-variate anchor (``None`` for plain gradients); ``guard`` the blow-up
 
 
 def sgld_move(state, grad_w, noise_sd_w, step_size, key, *, variant="vanilla", correct_discretisation=False):
-    """SGLD's move in the working frame: du = (ε/2)·ĝ_w + N(0, v), v as in the module docstring."""
+    """SGLD's move in the working frame: du = (ε/2)·ĝ_w + N(0, v), v as in the module docstring,
+    ĝ_w tamed in a dense Laplace frame (:func:`~numpyro_sg.kernels.moves.tamed_gradient`)."""
     variance = langevin_noise_variance(step_size, state.hyper.temperature,
                                        noise_sd_w if variant == "corrected" else None, correct_discretisation)
     noise = random.normal(key, grad_w.shape, grad_w.dtype)
-    return langevin_move(jnp.zeros_like(grad_w), grad_w, step_size, noise, variance), {}
+    return langevin_move(jnp.zeros_like(grad_w), tamed_gradient(grad_w, state.precond), step_size, noise, variance), {}
 
 
 def sgld_inflation(step_size, noise):
