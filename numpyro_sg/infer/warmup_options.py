@@ -297,3 +297,17 @@ class ModeFit:
         if P.chol is not None:
             return np.sqrt(np.sum(np.asarray(P.chol, np.float64) ** 2, axis=1))
         return np.asarray(P.scale, np.float64)
+
+    @property
+    def condition_number(self) -> float:
+        """cond(−H) at the mode, from the preconditioner Σ̂ = L·Lᵀ (dense: σ_max(L)²/σ_min(L)²;
+        diagonal: of its diagonal): how ill-conditioned (collinear, badly scaled) the posterior's
+        curvature is.  Newton's steps are solved in float64, so a condition number up to about
+        10¹⁰ costs the mode search nothing; the float32 gradient then limits how close to the mode
+        it can get along the flattest direction."""
+        P = self.preconditioner
+        if P.chol is not None:
+            s = np.linalg.svd(np.asarray(P.chol, np.float64), compute_uv=False)
+        else:
+            s = np.asarray(P.scale, np.float64)
+        return float((s.max() / s.min()) ** 2)

@@ -174,8 +174,9 @@ class GradientKernel(SGKernel):
         if not fit.converged:
             warnings.warn(
                 f"{type(self).__name__}: the warmup's mode search did not converge in "
-                f"{fit.newton_steps} Newton steps (the log posterior may have no mode, or a "
-                "flat or non-concave region near it); the Laplace preconditioner and the chains' "
+                f"{fit.newton_steps} Newton steps (the log posterior may have no mode, or a flat or "
+                f"non-concave region near it; the curvature's condition number there is "
+                f"{fit.condition_number:.2g}); the Laplace preconditioner and the chains' "
                 "start may be poor. Check the model, raise warmup_options={'newton_steps': …, "
                 "'optimizer_steps': …}, or pass init_strategy and preconditioner='adapt'.",
                 ConvergenceWarning, stacklevel=4,

@@ -12,7 +12,8 @@ Update (the package's step-size convention), in the working coordinates u of the
    \text{i.e.}\quad \theta' = \theta + \tfrac{\varepsilon}{2}\,M\hat g(\theta) + \mathcal N(0, vM),
 
 with ĝ the mini-batch gradient of log π — plain, or with control variates around the warmup
-mode (``gradient="cv"``, the default) — and the injected variance per working coordinate
+mode (``gradient="cv"``, the default), tamed to norm 2√d + 5 in a dense Laplace frame
+(:func:`~numpyro_sg.kernels.moves.tamed_gradient`) — and the injected variance per working coordinate
 
 * vanilla: v = ε·τ, τ the temperature;
 * ``correct_discretisation``: v = ε·τ·(1 − ε/4), which makes the Euler chain exact for a
