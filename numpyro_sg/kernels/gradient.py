@@ -310,6 +310,7 @@ class GradientKernel(SGKernel):
 
         def reset(st):
             return st._replace(moments=jax.tree.map(jnp.zeros_like, st.moments))
+
         for fn, at in ((refit, self._adapt_at), (reset, self._adapt_at + (self._num_warmup,))):
             if at:
                 fn_all = fn if single else jax.vmap(fn)

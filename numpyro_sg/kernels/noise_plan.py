@@ -78,8 +78,8 @@ def plan_noise(inflation, step_size: float, row_noise, n: int, N: int, tolerance
                adjust_size: bool, adjust_step: bool, replace: bool = True, exact: bool = False,
                row_kick=()) -> NoisePlan:
     """The smallest n' ≥ n (≤ N, when ``adjust_size``) whose noise keeps ``inflation(step, c)`` at
-    most ``tolerance`` (:func:`batch_noise` of max_j ``row_noise`` and max_j ``row_kick``); where N rows drawn with replacement are not enough and ``exact`` allows
-    it, every row without replacement (the exact gradient); else, if ``adjust_step``, the
+    most ``tolerance`` (:func:`batch_noise` of max_j ``row_noise`` and max_j ``row_kick``); where N
+    rows drawn with replacement are not enough and ``exact`` allows it, every row without replacement (the exact gradient); else, if ``adjust_step``, the
     largest step ``step_size``·s (s ≤ 1) that does.  ``inflation(step, c)`` grows with both
     arguments.
 
