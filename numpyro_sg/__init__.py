@@ -2,6 +2,9 @@
 
 import os as _os
 
+from numpyro_sg.infer.cpu_fusion_guard import guard_cpu_fusions as _guard_cpu_fusions
+
+_guard_cpu_fusions()  # before JAX starts: jaxlib 0.10.2–0.11's CPU fusions compute wrong results
 from numpyro_sg.kernels import ESGLD, SGBD, SGLD, DivergenceWarning, SparseAsync, polynomial_schedule
 from numpyro_sg.kernels import BAOAB, PSGLD, CyclicalSGLD
 from numpyro_sg.kernels import SGHMC, SGNHT
