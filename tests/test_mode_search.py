@@ -157,6 +157,38 @@ def test_mode_search_finds_the_highest_mode_of_a_mixture_and_warns():
     assert fit.local_modes().sum() >= 1
 
 
+def test_above_hessian_rows_the_starts_are_ranked_on_those_rows():
+    """Above ``hessian_rows`` rows the starts' ends are ranked on those rows (m rows a point, not
+    N); the ends estimated more than 20 nats from the mode (candidates for another mode) get their exact
+    full-data value and gradient, and the others their difference from the mode on the rows.
+    With 1,000 of 10,000 rows the mixture's search finds the same components as with all of
+    them, its ends (all 9,000–17,000 nats below, at merged components) have their exact log
+    densities, and it still warns of the lower modes."""
+    centers, weights, seed, model = WIDE
+    y = _mixture_data(seed=seed, centers=centers, weights=weights)
+    exact, _, unravel = fit_model_mode(model, (y,))
+    rows, _, _ = fit_model_mode(model, (y,), options=WarmupOptions(hessian_rows=1000))
+    np.testing.assert_allclose(_means(rows, unravel), _means(exact, unravel), atol=0.05)
+    a, b = np.asarray(exact.start_log_densities), np.asarray(rows.start_log_densities)
+    assert np.array_equal(np.isfinite(a), np.isfinite(b)) and np.all(exact.log_density - a[np.isfinite(a)] > 1000)
+    np.testing.assert_allclose(b[np.isfinite(b)], a[np.isfinite(a)], rtol=1e-6)
+    assert exact.local_modes().sum() >= 1 and rows.local_modes().sum() >= 1
+
+
+def test_above_hessian_rows_ends_near_the_mode_keep_their_log_density():
+    """A logistic regression's ends, 0.4–1.7 nats below its mode, valued on 2,000 of 20,000 rows
+    by their difference from the mode, corrected by the gradient there: within 0.5 nats of the
+    exact values (the error is second order in the distance: 0.07 measured; the difference
+    alone, without the gradient term, was off by up to 14 nats)."""
+    from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
+
+    X, y, _ = simulate_logistic_regression(num_data=20_000, dim=5)
+    exact, _, _ = fit_model_mode(logistic_regression_model, (X, y))
+    rows, _, _ = fit_model_mode(logistic_regression_model, (X, y), options=WarmupOptions(hessian_rows=2000))
+    np.testing.assert_allclose(rows.start_log_densities, exact.start_log_densities, atol=0.5)
+    assert rows.converged and np.max(np.abs(np.asarray(rows.mode) - np.asarray(exact.mode))) < 1e-3
+
+
 def test_the_starts_report_their_rounds():
     """The warmup's bar names each round of starts as it ends ("starts 8/32"), so a long
     multi-start phase shows progress; a first round that settles the search reports its end."""

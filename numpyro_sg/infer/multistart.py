@@ -14,8 +14,10 @@ vectorised program, the main phase's too):
   draws from the prior (:func:`prior_or_uniform`: ``init_to_uniform`` for a site with an improper
   prior, which has no draw);
 
-and keeps the end points with the highest full-data log density (one batched pass over the
-data per round, in chunks), from which the main Adam phase and the Newton refinement continue.
+and keeps the end points with the highest log density (over all the data up to the warmup's
+``hessian_rows`` rows, in one batched pass per round; above, estimated on those rows, whose
+difference at the mode puts them on the full-data scale), from which the main Adam phase and
+the Newton refinement continue.
 The rounds after the first run only when it does not show a log-concave posterior
 (:func:`first_round_concave`): a GLM pays one round.  The end points' log densities are
 returned too: the kernels warn when some starts ended in modes
@@ -147,7 +149,8 @@ def explore_starts(starts, ascend, values_at, key, width: int, settled=None, rep
     :param starts: ``(first round's starts, function giving the others)`` (:func:`start_candidates`).
     :param ascend: ``(xs, keys) -> xs``, Adam on mini-batches from each row of xs (k, d) with
         k = ``width``: every call has one shape, and compiles once.
-    :param values_at: ``xs -> (log π, ∇ log π)`` at each row of xs (k, d), over all the data.
+    :param values_at: ``xs -> (log π, ∇ log π)`` at each row of xs (k, d) (over all the data, or
+        estimated on a fixed subsample of rows: the warmup's ``value_and_grad_many``).
     :param key: key of the mini-batches.
     :param settled: ``(starts, values, ends) -> bool`` of the first round, or ``None`` (every
         round runs).

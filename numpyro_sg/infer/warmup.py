@@ -4,8 +4,9 @@ Before the chains start (inside the kernel's ``init``, so it counts in ``MCMC.ru
 :func:`find_mode` locates a mode θ̂ of the log posterior on NumPyro's unconstrained space:
 
 0. **multi-start** — ``num_starts`` short Adam ascents (the usual start below, the init
-   strategy's draw, uniform and prior draws); the best end point by full-data log density is
-   the start of step 1 (:mod:`~numpyro_sg.infer.multistart`: multimodal posteriors);
+   strategy's draw, uniform and prior draws); the best end point by log density (on the
+   Hessian's ``hessian_rows`` rows, scaled by N/m: exact up to that N, above it m rows a point,
+   not N) is the start of step 1 (:mod:`~numpyro_sg.infer.multistart`: multimodal posteriors);
 1. **stochastic optimisation** — ``optimizer_steps`` Adam steps (optax, cosine-decayed
    learning rate) on mini-batch estimates of ∇ log π, from the unconstrained zero point (the
    chain-0 draw of ``init_to_uniform`` if the log density is not finite there; coordinates
@@ -43,13 +44,11 @@ from jax import random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer import init_to_uniform
 
-from numpyro_sg.infer.curvature import (columns_within_memory, dense_or_fallback, hessian_from_products,
-                                        hutchinson_diagonal, noise_heat_of,
-                                        positive_curvature, whitened_top_eigenvalue)
+from numpyro_sg.infer.curvature import (columns_within_memory, hessian_from_products, hutchinson_diagonal,
+                                        noise_heat_of, whitened_top_eigenvalue)
 from numpyro_sg.infer.fit_store import stored_fit
 from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.lapack_guard import map_over_draws
-from numpyro_sg.infer.laplace import NewtonResult, damped_newton, log_density_not_lower, scaled_gradient_not_larger
 from numpyro_sg.infer.minibatch import Anchor, Minibatcher
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
 from numpyro_sg.infer.noise import laplace_row_noise, row_noise_covariance
@@ -61,6 +60,7 @@ from numpyro_sg.infer.plates import subsample_plates
 from numpyro_sg.infer.programs import placement_key, tree_signature
 from numpyro_sg.infer.preconditioner import Preconditioner, laplace_draw
 from numpyro_sg.infer.progress import warmup_progress
+from numpyro_sg.infer.refinement import diagonal_preconditioner, mode_preconditioner, newton_refinement
 from numpyro_sg.infer.sharding import auto_view
 from numpyro_sg.infer.variational import adam_ascent, variational_adam
 from numpyro_sg.infer.warmup_options import ModeFit, WarmupOptions
@@ -115,6 +115,50 @@ class _WarmupPrograms:
         chunk = max(1024, self.options.chunk_size // xs.shape[0])
         values = lambda ys, a, k: map_over_draws(self.mb.full_value_and_grad_fn(self.unravel, a, k, chunk), ys)
         return self._jit(values, "full_value_and_grad_many", chunk)(xs)
+
+    def value_and_grad_many(self, xs):
+        """(log π, ∇ log π) at each row of xs (S, d) on the Hessian's rows: exact where they are all
+        the data (:meth:`full_value_and_grad_many`), else log p(x) + (N/m)·Σ_{i∈rows} log f_i(x), one
+        point at a time (the memory of one Hessian-vector product): ranking the starts' ends
+        costs m rows a point, not N (:meth:`on_full_scale` then puts them on the full-data scale)."""
+        if self.exact_rows:
+            return self.full_value_and_grad_many(xs)
+        values = lambda ys, a, k: jax.lax.map(jax.value_and_grad(lambda y: self.log_density(a, k)(y, self.rows)), ys)
+        return self._jit(values, "rows_value_and_grad_many")(xs)
+
+    def on_full_scale(self, starts: tuple, x, value: float, grad, gap: float, width: int, screen=None) -> tuple:
+        """The starts' ``(values, gradients, ends)`` of :meth:`value_and_grad_many` on the full-data
+        scale by control variates at the mode x, L̂ the estimate on the rows: log π(x) + L̂(end) −
+        L̂(x) − (∇L̂(x) − ∇ log π(x))·(end − x) and ∇L̂(end) − ∇L̂(x) + ∇ log π(x).  Where that
+        cannot be trusted, the end gets its exact value and gradient (one batched pass per
+        ``width`` of them): estimated more than ``gap`` nats from log π(x) and not explained by
+        the quadratic model, ``screen(g)`` (½·gᵀΣ̂g) within 10 % + ``gap`` of the estimated gap.
+        A GLM's ends, 200–430 nats below at N = 10⁶ (20–30 sds away), are so explained (errors
+        1–3 %) and cost no pass; a local mode, whose exact gradient is 0, is not (the rows'
+        gradient there is their noise, ½·d·N/m nats of predicted ascent).  Exact rows: ``starts``."""
+        if self.exact_rows or len(starts[0]) == 0:
+            return starts
+        v_x, g_x = (np.asarray(a, np.float64)[0] for a in self.value_and_grad_many(jnp.asarray(x)[None]))
+        ends, grad = np.asarray(starts[2]), np.asarray(grad, np.float64)
+        finite = np.isfinite(np.asarray(starts[0], np.float64))   # an end whose log π is not finite stays so
+        with np.errstate(invalid="ignore", over="ignore"):
+            values = np.where(finite, np.asarray(starts[0], np.float64) + (float(value) - v_x)
+                              - (ends.astype(np.float64) - x) @ (g_x - grad), -np.inf)
+            grads = np.where(finite[:, None], np.asarray(starts[1], np.float64) - g_x + grad, np.inf)
+        below = float(value) - values
+        far = np.flatnonzero([np.isfinite(G) and abs(G) > gap and not (
+            screen is not None and abs(screen(g) - G) <= 0.1 * abs(G) + gap) for g, G in zip(grads, below)])
+        for lo in range(0, len(far), width):
+            idx = far[lo:lo + width]
+            v, g = (np.asarray(a, np.float64)[:len(idx)] for a in self.full_value_and_grad_many(padded_rows(ends[idx], width)))
+            ok = np.isfinite(v) & np.all(np.isfinite(g), axis=1)
+            values[idx], grads[idx] = np.where(ok, v, -np.inf), np.where(ok[:, None], g, np.inf)
+        return values, grads, ends
+
+    @property
+    def exact_rows(self) -> bool:
+        """Whether the Hessian's rows are all the data (every plate no larger than ``hessian_rows``)."""
+        return all(p.size <= self.options.hessian_rows for p in self.mb.plates)
 
     @cached_property
     def hvp_block(self):
@@ -216,55 +260,6 @@ class _WarmupPrograms:
         return noise_heat_of(tau * np.asarray(scale, np.float64) / shrink)
 
 
-def _newton(full_vg, x, curvature, options: WarmupOptions, dense: bool, dtype, monte_carlo=False) -> NewtonResult:
-    """The Newton refinement (module docstring): :func:`~numpyro_sg.infer.laplace.damped_newton`
-    on the full-data ``(log π, ∇ log π)``, the trial points rounded to ``dtype``; with ``monte_carlo`` (importance-
-    sampled locals move log π, not its gradient) also a step that shrinks the gradient in Laplace sds."""
-    tol, sds = options.tolerance if dense else max(options.tolerance, options.diagonal_tolerance), {}
-
-    def neg_hessian(y, _):
-        c = np.asarray(curvature(y), np.float64)
-        sds["now"] = 1.0 / np.sqrt(positive_curvature(c if c.ndim == 1 else np.diag(c)))
-        return c
-    accept = lambda old, new: log_density_not_lower(old, new) or (
-        monte_carlo and scaled_gradient_not_larger(old, new, sds["now"]))
-    return damped_newton(full_vg, x, gradient=lambda s: np.asarray(s[1], np.float64), curvature=neg_hessian,
-                         accept=accept, max_steps=options.newton_steps, tolerance=tol,
-                         move=lambda y, alpha, step: jnp.asarray(np.asarray(y, np.float64) + alpha * step, dtype))
-
-
-def _diagonal_preconditioner(programs: _WarmupPrograms, x, grad, neg_h, key, dtype):
-    """Diagonal Laplace preconditioner from −diag H, shrunk for stiffness and gradient-noise
-    heat (``WarmupOptions.stabilise_diagonal``, ``max_noise_heat``): ``(P, λ, h)``."""
-    options = programs.options
-    scale = jnp.asarray(1.0 / np.sqrt(positive_curvature(neg_h)), dtype)
-    stiffness = whitened_top_eigenvalue(lambda v: -programs.hvp(x, v), scale, random.fold_in(key, 2))
-    shrink = np.sqrt(max(2.0 * stiffness - 1.0, 1.0)) if options.stabilise_diagonal else 1.0
-    noise_heat = 0.0
-    if options.max_noise_heat is not None and len(programs.mb.plates) == 1:
-        noise_heat = programs.noise_heat(x, grad, scale, shrink, key)
-        if noise_heat > options.max_noise_heat:
-            shrink *= np.sqrt(noise_heat / options.max_noise_heat)
-    if options.max_minibatch_stiffness is not None:
-        batch_stiffness = programs.minibatch_stiffness(x, scale / jnp.asarray(shrink, dtype), key)
-        if batch_stiffness > options.max_minibatch_stiffness:  # sparse rows: shrink to λ_B = 1
-            shrink *= np.sqrt(batch_stiffness)
-    return Preconditioner(scale=scale / jnp.asarray(shrink, dtype)), stiffness, noise_heat
-
-
-def _mode_preconditioner(programs: _WarmupPrograms, x, grad, curvature, dense: bool, key, dtype):
-    """The Laplace preconditioner at the mode x: dense from −H (d ≤ ``dense_max``), else diagonal
-    from the Fisher or Hutchinson diagonal (``WarmupOptions.diagonal``): ``(P, λ, h)``."""
-    options = programs.options
-    if dense:
-        return dense_or_fallback(curvature(x), dtype), 1.0, 0.0
-    if options.diagonal == "fisher" and len(programs.mb.plates) == 1:
-        neg_h = programs.fisher_curvature(x, key)
-    else:
-        neg_h = curvature(x)
-    return _diagonal_preconditioner(programs, x, grad, neg_h, key, dtype)
-
-
 def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kwargs=None,
               options: WarmupOptions | None = None) -> ModeFit:
     """Mode of the log posterior, Laplace preconditioner and CV anchor (module docstring), or
@@ -305,18 +300,21 @@ def _mode_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         def curvature(y):
             bar.update(1)
             return raw_curvature(y)
-        newton = _newton(programs.full_value_and_grad, x, curvature, options, dense, dtype, programs.monte_carlo)
+        newton = newton_refinement(programs.full_value_and_grad, x, curvature, options, dense, dtype, programs.monte_carlo)
         (x, (value, grad)) = newton.point, newton.state
         bar.set_postfix_str("preconditioner")
-        precond, stiffness, noise_heat = _mode_preconditioner(programs, x, grad, curvature, dense, key_probe, dtype)
+        precond, stiffness, noise_heat = mode_preconditioner(programs, x, grad, curvature, dense, key_probe, dtype)
         row_noise = row_kick = None
         if (dense and options.max_noise_inflation is not None and len(programs.mb.plates) == 1
                 and not programs.monte_carlo and not is_sharded(programs.mb)):
             bar.set_postfix_str("gradient noise")
             row_noise, row_kick = programs.row_noise(x, precond, random.fold_in(key_probe, 7))
         L = np.asarray(precond.chol, np.float64) if precond.chol is not None else None  # Σ̂ = L·Lᵀ
+        screen = None if L is None else (lambda g: 0.5 * np.sum((L.T @ g) ** 2))
+        starts = programs.on_full_scale(starts, np.asarray(x, np.float64), value, grad, options.multimodal_gap,
+                                        options.starts_per_round, screen)
         ascents = start_ascents(*starts, lambda ys: programs.curvatures(ys, key_probe), float(value),
-                                options.multimodal_gap, L if L is None else lambda g: 0.5 * np.sum((L.T @ g) ** 2))
+                                options.multimodal_gap, screen)
     return ModeFit(
         mode=jnp.asarray(x, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value), preconditioner=precond,
         converged=newton.converged, newton_steps=newton.steps, seconds=time.perf_counter() - start_time,
@@ -332,7 +330,7 @@ def _variational_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, 
     x = usual_start(programs.full_value_and_grad, info, d, dtype, random.fold_in(key_probe, 1), options.symmetry_jitter)
     mean, sd = programs.variational(x, key_opt, options.variational_steps, batches)
     value, grad = programs.full_value_and_grad(mean)
-    precond, stiffness, noise_heat = _diagonal_preconditioner(
+    precond, stiffness, noise_heat = diagonal_preconditioner(
         programs, mean, grad, 1.0 / np.asarray(sd, np.float64) ** 2, key_probe, dtype)
     return ModeFit(mode=jnp.asarray(mean, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value),
                    preconditioner=precond, converged=bool(np.isfinite(float(value))), newton_steps=0,
@@ -358,7 +356,7 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         values, grads, ends = explore_starts(
             starts, lambda xs, keys: programs.adam_many(xs, keys, options.start_steps,
                                                         options.start_learning_rate, small),
-            programs.full_value_and_grad_many, random.fold_in(key_opt, 4), width, settled,
+            programs.value_and_grad_many, random.fold_in(key_opt, 4), width, settled,
             lambda done, total: bar.set_postfix_str(f"starts {done}/{total}"))
         best = best_ends(values, ends, width) if np.any(np.isfinite(values)) else starts[0]
         width = width if small == batches else 1  # one program for both phases, else the best alone
@@ -367,7 +365,7 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         bar.set_postfix_str("optimizer")
         best = np.asarray(programs.adam_many(padded_rows(best[:width], width), random.split(key_opt, width), steps,
                                              options.learning_rate, batches))
-        top = np.asarray(programs.full_value_and_grad_many(best)[0], np.float64) if width > 1 else np.zeros(1)
+        top = np.asarray(programs.value_and_grad_many(best)[0], np.float64) if width > 1 else np.zeros(1)
         best = best[[int(np.argmax(np.where(np.isfinite(top), top, -np.inf)))]]
     bar.update(1)
     return jnp.asarray(best[0], dtype), (values, grads, ends)

@@ -238,8 +238,9 @@ class ModeFit:
         unit of drift (a mini-batch of n rows that holds the row moves coordinate j by t_j/n
         per unit of drift): where a few extreme rows dominate, t_j²/n² exceeds r_j/n
         (:func:`~numpyro_sg.infer.noise.row_noise_covariance`); ``None`` where not measured.
-    :ivar start_log_densities: full-data log densities at the end points of the multi-start
-        phase's short ascents (:mod:`~numpyro_sg.infer.multistart`; empty when it did not run).
+    :ivar start_log_densities: log densities at the end points of the multi-start phase's short
+        ascents, on the full-data scale (above ``hessian_rows`` rows, log π(θ̂) plus their
+        difference from θ̂ on those rows) (:mod:`~numpyro_sg.infer.multistart`; empty when it did not run).
     :ivar start_ascents: for the end points more than ``multimodal_gap`` nats below θ̂, how
         much further they would climb, ½·Σ_j g_j²/|h_jj| there (gradient g, curvature −H;
         :func:`~numpyro_sg.infer.curvature.predicted_ascent`; 0 for the other end points).
