@@ -157,6 +157,7 @@ def test_mode_search_finds_the_highest_mode_of_a_mixture_and_warns():
     assert fit.local_modes().sum() >= 1
 
 
+@pytest.mark.slow
 def test_above_hessian_rows_the_starts_are_ranked_on_those_rows():
     """Above ``hessian_rows`` rows the starts' ends are ranked on those rows (m rows a point, not
     N); the ends estimated more than 20 nats from the mode (candidates for another mode) get their exact
@@ -179,7 +180,7 @@ def test_above_hessian_rows_ends_near_the_mode_keep_their_log_density():
     """A logistic regression's ends, 0.4–1.7 nats below its mode, valued on 2,000 of 20,000 rows
     by their difference from the mode, corrected by the gradient there: within 0.5 nats of the
     exact values (the error is second order in the distance: 0.07 measured; the difference
-    alone, without the gradient term, was off by up to 14 nats)."""
+    alone, without the gradient term, was off by up to 14 nats), and no pass over all the data."""
     from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
 
     X, y, _ = simulate_logistic_regression(num_data=20_000, dim=5)
@@ -187,6 +188,9 @@ def test_above_hessian_rows_ends_near_the_mode_keep_their_log_density():
     rows, _, _ = fit_model_mode(logistic_regression_model, (X, y), options=WarmupOptions(hessian_rows=2000))
     np.testing.assert_allclose(rows.start_log_densities, exact.start_log_densities, atol=0.5)
     assert rows.converged and np.max(np.abs(np.asarray(rows.mode) - np.asarray(exact.mode))) < 1e-3
+    # passes over all the data: the start's and the Newton steps' alone (6 with every row: + the
+    # starts' round and the main phase's ends)
+    assert rows.data_passes == rows.newton_steps + 1 and exact.data_passes == exact.newton_steps + 3
 
 
 def test_the_starts_report_their_rounds():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from numpyro_sg.infer.programs import cached_program
@@ -12,6 +13,15 @@ def is_data(x) -> bool:
     """True for a leaf of the model arguments passed to compiled programs as an argument: an
     array with at least one dimension (scalars and other leaves stay static)."""
     return isinstance(x, (np.ndarray, jax.Array)) and np.ndim(x) > 0
+
+
+def on_device(model_args, model_kwargs) -> tuple:
+    """``(model_args, model_kwargs)`` with their NumPy data arrays (:func:`is_data`; a
+    ``np.memmap`` stays on disk) copied to JAX arrays once.  A NumPy argument of a compiled
+    program is copied to the device at every call: at N = 10⁷ rows (800 MB) a warmup Hessian on
+    65,536 rows took 0.6–1.3 s instead of 0.01–0.02 s, a full-data pass 0.9 s instead of 0.17 s."""
+    convert = lambda x: jnp.asarray(x) if is_data(x) and type(x) is np.ndarray else x
+    return jax.tree.map(convert, (model_args, model_kwargs))
 
 
 def jit_with_data(fn, model_args, model_kwargs, key=None, name=None):
@@ -29,9 +39,10 @@ def jit_with_data(fn, model_args, model_kwargs, key=None, name=None):
     ``g.temp_bytes(*args)`` is the compiled program's temporary memory at those arguments;
     ``g.compile(*args)`` is ``(h, temp_bytes)`` with ``h(*args)`` running the program compiled
     ahead of time for arguments of those shapes (one compilation for both).  ``name`` (default
-    ``fn``'s own) names the program in JAX's compile logs and profiles.
+    ``fn``'s own) names the program in JAX's compile logs and profiles.  NumPy data are copied
+    to JAX arrays once, here (:func:`on_device`), not at every call.
     """
-    leaves, treedef = jax.tree.flatten((model_args, model_kwargs))
+    leaves, treedef = jax.tree.flatten(on_device(model_args, model_kwargs))
     dynamic = tuple(is_data(x) for x in leaves)
     arrays = [x for x, d in zip(leaves, dynamic) if d]
     static = tuple(None if d else x for x, d in zip(leaves, dynamic))  # holds no data

@@ -47,7 +47,7 @@ from numpyro.infer import init_to_uniform
 from numpyro_sg.infer.curvature import (columns_within_memory, hessian_from_products, hutchinson_diagonal,
                                         noise_heat_of, whitened_top_eigenvalue)
 from numpyro_sg.infer.fit_store import stored_fit
-from numpyro_sg.infer.jit_data import jit_with_data
+from numpyro_sg.infer.jit_data import jit_with_data, on_device
 from numpyro_sg.infer.lapack_guard import map_over_draws
 from numpyro_sg.infer.minibatch import Anchor, Minibatcher
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
@@ -74,10 +74,11 @@ class _WarmupPrograms:
                  rows: dict, signature=None, dtype=None):
         self.mb, self.unravel, self.options, self.rows, self.dtype = mb, unravel, options, rows, dtype
         self.hessian_block = None   # columns of H per Hessian-vector block (dense_curvature)
-        self.data = (model_args, model_kwargs)
+        self.data = on_device(model_args, model_kwargs)   # copied once, not at every program's call
         # what every program computes besides its arguments (the rows follow from the options)
         self.key = ("warmup", mb.model, mb.plates, mb.replace, placement_key(mb), signature, options)
         self.monte_carlo = bool(getattr(mb.model, "sampled", False))  # locals integrated by draws (numpyro_sg.locals)
+        self.passes = 0   # passes over all the data so far (ModeFit.data_passes)
 
     def _jit(self, fn, *name):
         """``fn`` compiled with the data as arguments, shared by every warmup of the same
@@ -101,18 +102,19 @@ class _WarmupPrograms:
         prior = self.mb.prior_log_density_fn(args, kwargs)
         return lambda x: prior(self.unravel(x))
 
-    @cached_property
-    def full_value_and_grad(self):
-        """``x -> (log π(x), ∇ log π(x))`` over all the data (in chunks)."""
+    def full_value_and_grad(self, x):
+        """(log π(x), ∇ log π(x)) over all the data (in chunks): one of :attr:`passes`."""
         chunk = self.options.chunk_size
+        self.passes += 1
         return self._jit(lambda x, a, k: self.mb.full_value_and_grad_fn(self.unravel, a, k, chunk)(x),
-                         "full_value_and_grad")
+                         "full_value_and_grad")(x)
 
     def full_value_and_grad_many(self, xs):
         """(log π, ∇ log π) at each row of xs (S, d) in one pass over the data (chunks of
         ``chunk_size``/S rows: the memory of one pass).  Like :meth:`adam_many`, rows in small groups
         where a batch of factorisations could deadlock jaxlib (:func:`map_over_draws`)."""
         chunk = max(1024, self.options.chunk_size // xs.shape[0])
+        self.passes += 1
         values = lambda ys, a, k: map_over_draws(self.mb.full_value_and_grad_fn(self.unravel, a, k, chunk), ys)
         return self._jit(values, "full_value_and_grad_many", chunk)(xs)
 
@@ -133,9 +135,8 @@ class _WarmupPrograms:
         cannot be trusted, the end gets its exact value and gradient (one batched pass per
         ``width`` of them): estimated more than ``gap`` nats from log π(x) and not explained by
         the quadratic model, ``screen(g)`` (½·gᵀΣ̂g) within 10 % + ``gap`` of the estimated gap.
-        A GLM's ends, 200–430 nats below at N = 10⁶ (20–30 sds away), are so explained (errors
-        1–3 %) and cost no pass; a local mode, whose exact gradient is 0, is not (the rows'
-        gradient there is their noise, ½·d·N/m nats of predicted ascent).  Exact rows: ``starts``."""
+        A GLM's ends, 200–430 nats below at N = 10⁶ (20–30 sds away), are so explained (errors 1–3 %);
+        a local mode, exact gradient 0, is not (the rows' gradient there is their noise, ½·d·N/m nats)."""
         if self.exact_rows or len(starts[0]) == 0:
             return starts
         v_x, g_x = (np.asarray(a, np.float64)[0] for a in self.value_and_grad_many(jnp.asarray(x)[None]))
@@ -150,7 +151,8 @@ class _WarmupPrograms:
             screen is not None and abs(screen(g) - G) <= 0.1 * abs(G) + gap) for g, G in zip(grads, below)])
         for lo in range(0, len(far), width):
             idx = far[lo:lo + width]
-            v, g = (np.asarray(a, np.float64)[:len(idx)] for a in self.full_value_and_grad_many(padded_rows(ends[idx], width)))
+            exact = self.full_value_and_grad_many(padded_rows(ends[idx], width))
+            v, g = (np.asarray(a, np.float64)[:len(idx)] for a in exact)
             ok = np.isfinite(v) & np.all(np.isfinite(g), axis=1)
             values[idx], grads[idx] = np.where(ok, v, -np.inf), np.where(ok[:, None], g, np.inf)
         return values, grads, ends
@@ -283,7 +285,7 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
     search = partial(fit_fn, programs, info, d, dtype, key_opt, key_probe, start_time)
     settings = programs.key + (info.model, str(np.dtype(dtype)), jax.default_backend(), str(jax.config.jax_default_device))
     fit, found = stored_fit(settings, first_chain_draw(info, dtype), model_args, model_kwargs, search)
-    return dataclasses.replace(fit, seconds=time.perf_counter() - start_time) if found else fit
+    return dataclasses.replace(fit, seconds=time.perf_counter() - start_time, data_passes=0) if found else fit
 
 
 def _mode_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe,
@@ -319,7 +321,7 @@ def _mode_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         mode=jnp.asarray(x, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value), preconditioner=precond,
         converged=newton.converged, newton_steps=newton.steps, seconds=time.perf_counter() - start_time,
         stiffness=float(stiffness), noise_heat=float(noise_heat), start_log_densities=tuple(float(v) for v in starts[0]),
-        start_ascents=ascents, row_noise=row_noise, row_kick=row_kick)
+        start_ascents=ascents, row_noise=row_noise, row_kick=row_kick, data_passes=programs.passes)
 
 
 def _variational_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe,
@@ -332,8 +334,8 @@ def _variational_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, 
     value, grad = programs.full_value_and_grad(mean)
     precond, stiffness, noise_heat = diagonal_preconditioner(
         programs, mean, grad, 1.0 / np.asarray(sd, np.float64) ** 2, key_probe, dtype)
-    return ModeFit(mode=jnp.asarray(mean, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value),
-                   preconditioner=precond, converged=bool(np.isfinite(float(value))), newton_steps=0,
+    return ModeFit(mode=jnp.asarray(mean, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value), data_passes=
+                   programs.passes, preconditioner=precond, converged=bool(np.isfinite(float(value))), newton_steps=0,
                    seconds=time.perf_counter() - start_time, stiffness=float(stiffness), noise_heat=float(noise_heat))
 
 

@@ -238,6 +238,9 @@ class ModeFit:
         unit of drift (a mini-batch of n rows that holds the row moves coordinate j by t_j/n
         per unit of drift): where a few extreme rows dominate, t_j²/n² exceeds r_j/n
         (:func:`~numpyro_sg.infer.noise.row_noise_covariance`); ``None`` where not measured.
+    :ivar data_passes: how many times the search read all the data (the full-data log density
+        and gradient at a point, or at a batch of points at once); 0 for a fit found in the
+        process's store.  The mini-batch steps and the Hessian's ``hessian_rows`` rows come on top.
     :ivar start_log_densities: log densities at the end points of the multi-start phase's short
         ascents, on the full-data scale (above ``hessian_rows`` rows, log π(θ̂) plus their
         difference from θ̂ on those rows) (:mod:`~numpyro_sg.infer.multistart`; empty when it did not run).
@@ -259,6 +262,7 @@ class ModeFit:
     start_ascents: tuple = ()
     row_noise: tuple | None = None
     row_kick: tuple | None = None
+    data_passes: int = 0
 
     def local_modes(self, gap: float = 20.0) -> np.ndarray:
         """Which starts ended in a local mode more than ``gap`` nats below the mode found.
