@@ -10,17 +10,20 @@ regression (a ``Beta`` likelihood on 100,000 rows) the full-data log density of 
 evaluated together was wrong by up to 8,600 nats, 99.5 % of the rows off, and the warmup
 reported local modes the posterior does not have.
 
-XLA's flag ``--xla_cpu_experimental_ynn_fusion_type=`` (no YNNPACK fusion) gives the right
-numbers at no measured cost to the kernels' loops.  XLA reads its flags once, when JAX starts
-its first backend, so :func:`guard_cpu_fusions`, called when ``numpyro_sg`` is imported,
-appends the flag to the ``XLA_FLAGS`` environment variable on the affected jaxlib before that
-happens, and warns when it cannot take effect: JAX had already started (a computation before
-``import numpyro_sg``), or ``XLA_FLAGS`` was replaced after the import and before JAX started.
-Other jaxlib versions, and machines with ``XLA_FLAGS`` already naming the option, are left alone.
+XLA's option ``--xla_cpu_experimental_ynn_fusion_type=`` (no YNNPACK fusion) gives the right
+numbers at no measured cost to the kernels' loops.  XLA reads ``XLA_FLAGS`` once, when JAX
+creates its CPU backend, so :func:`guard_cpu_fusions`, called when ``numpyro_sg`` is imported,
+wraps JAX's CPU backend factory on the affected jaxlib: while the backend is created the
+option is appended to ``XLA_FLAGS`` (whatever the user set there before: replaced or
+``setdefault`` after the import, as a multi-device recipe does), and the user's value is put
+back afterwards.  When JAX had already started (a computation before ``import numpyro_sg``)
+without the option, it warns.  Other jaxlib versions, and an ``XLA_FLAGS`` that already names
+the option, are left alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 
@@ -43,35 +46,48 @@ def advice() -> str:
     """The warning's text: what goes wrong, and the two remedies that work."""
     return (f"jaxlib {jaxlib.__version__} can compute wrong results on CPU for programs vectorised over "
             f"points (the warmup's starts, vectorised chains, full-data scores), silently "
-            f"(https://github.com/jax-ml/jax/issues/39103). numpyro_sg adds '{FLAG}' to XLA_FLAGS when "
-            f"it is imported, but JAX started without it. Set os.environ['XLA_FLAGS'] to include "
-            f"'{FLAG}' before JAX runs anything (before importing numpyro_sg, or by appending to "
-            f"XLA_FLAGS rather than replacing it), or install jaxlib 0.12 or later.")
+            f"(https://github.com/jax-ml/jax/issues/39103), and JAX started before numpyro_sg could "
+            f"add '{FLAG}' to XLA_FLAGS. Import numpyro_sg before running anything with JAX, or set "
+            f"os.environ['XLA_FLAGS'] to include '{FLAG}' before that, or install jaxlib 0.12 or later.")
 
 
-def _warn_unless_set(backend) -> None:
-    """Backend start hook: warn when a CPU backend started without the flag."""
-    if getattr(backend, "platform", "cpu") == "cpu" and FLAG_NAME not in os.environ.get("XLA_FLAGS", ""):
-        warnings.warn(advice(), RuntimeWarning, stacklevel=2)
+def with_flag(factory, environ=os.environ):
+    """``factory`` (a JAX backend factory) run with :data:`FLAG` appended to ``XLA_FLAGS``
+    unless it names the option, and the variable put back as it was."""
+    def create(*args, **kwargs):
+        before = environ.get("XLA_FLAGS")
+        if FLAG_NAME not in (before or ""):
+            environ["XLA_FLAGS"] = ((before or "") + " " + FLAG).strip()
+        try:
+            return factory(*args, **kwargs)
+        finally:
+            if before is None:
+                environ.pop("XLA_FLAGS", None)
+            else:
+                environ["XLA_FLAGS"] = before
+
+    create.guarded = True
+    return create
 
 
 def guard_cpu_fusions(environ=os.environ) -> str:
     """Turn the miscompiling CPU fusions off on an affected jaxlib (module docstring).
 
-    Returns what it did: ``"not affected"``, ``"already set"`` (``XLA_FLAGS`` names the option),
-    ``"set"`` (appended before JAX started; a hook checks the flag is still there when the CPU
-    backend starts) or ``"too late"`` (JAX had started: warned).
+    Returns what it did: ``"not affected"``, ``"guarded"`` (JAX's CPU backend factory wrapped
+    before JAX started, or already), ``"already set"`` (JAX started with ``XLA_FLAGS`` naming
+    the option) or ``"too late"`` (JAX started without it: warned).
     """
     if not affected():
         return "not affected"
-    if FLAG_NAME in environ.get("XLA_FLAGS", ""):
-        return "already set"
-    from jax._src import xla_bridge  # the backend start, not public: only on the jaxlib versions above
+    from jax._src import xla_bridge  # the backend factories are not public: only on the versions above
 
     if xla_bridge.backends_are_initialized():
-        if "cpu" in xla_bridge.backends():
-            warnings.warn(advice(), RuntimeWarning, stacklevel=3)
+        if FLAG_NAME in environ.get("XLA_FLAGS", ""):
+            return "already set"
+        warnings.warn(advice(), RuntimeWarning, stacklevel=3)
         return "too late"
-    environ["XLA_FLAGS"] = (environ.get("XLA_FLAGS", "") + " " + FLAG).strip()
-    xla_bridge.register_backend_initialization_hook(_warn_unless_set)
-    return "set"
+    registration = xla_bridge._backend_factories["cpu"]
+    if not getattr(registration.factory, "guarded", False):
+        xla_bridge._backend_factories["cpu"] = dataclasses.replace(
+            registration, factory=with_flag(registration.factory, environ))
+    return "guarded"
