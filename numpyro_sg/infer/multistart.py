@@ -15,8 +15,8 @@ vectorised program, the main phase's too):
   prior, which has no draw);
 
 and keeps the end points with the highest log density (over all the data up to the warmup's
-``hessian_rows`` rows, in one batched pass per round; above, estimated on those rows, whose
-difference at the mode puts them on the full-data scale), from which the main Adam phase and
+``hessian_rows`` rows, in one batched pass per round; above, estimated on those rows and put
+on the full-data scale by control variates at the mode), from which the main Adam phase and
 the Newton refinement continue.
 The rounds after the first run only when it does not show a log-concave posterior
 (:func:`first_round_concave`): a GLM pays one round.  The end points' log densities are
