@@ -110,9 +110,8 @@ class _WarmupPrograms:
                          "full_value_and_grad")(x)
 
     def full_value_and_grad_many(self, xs):
-        """(log π, ∇ log π) at each row of xs (S, d) in one pass over the data (chunks of
-        ``chunk_size``/S rows: the memory of one pass).  Like :meth:`adam_many`, rows in small groups
-        where a batch of factorisations could deadlock jaxlib (:func:`map_over_draws`)."""
+        """(log π, ∇ log π) at each row of xs (S, d) in one pass over the data (chunks of ``chunk_size``/S rows:
+        the memory of one pass); like :meth:`adam_many`, in small groups (:func:`map_over_draws`)."""
         chunk = max(1024, self.options.chunk_size // xs.shape[0])
         self.passes += 1
         values = lambda ys, a, k: map_over_draws(self.mb.full_value_and_grad_fn(self.unravel, a, k, chunk), ys)
@@ -183,10 +182,8 @@ class _WarmupPrograms:
         return -0.5 * (H + H.T)
 
     def curvatures(self, ys, key):
-        """−H at each row of ys, float64: (S, d, d) up to ``EXACT_ASCENT_MAX`` coordinates
-        (:meth:`dense_curvature`, the Newton refinement's compiled program: a model whose
-        density is costly to compile — local latents — compiles no other), else the diagonals
-        (S, d) by :meth:`diagonal_curvature`."""
+        """−H at each row of ys, float64: (S, d, d) by :meth:`dense_curvature` (the Newton refinement's program:
+        a locals model compiles no other) up to ``EXACT_ASCENT_MAX`` coordinates, else (S, d) diagonals."""
         if ys.shape[1] > EXACT_ASCENT_MAX:
             return np.stack([self.diagonal_curvature(y, key) for y in ys])
         return np.stack([self.dense_curvature(jnp.asarray(y)) for y in np.asarray(ys)])
@@ -197,10 +194,9 @@ class _WarmupPrograms:
         return -np.asarray(hutchinson_diagonal(lambda v: self.hvp(y, v), probes), np.float64)
 
     def adam_many(self, xs, keys, steps: int, rate: float, batches: dict):
-        """``steps`` Adam steps at initial learning rate ``rate`` from each row of xs, on
-        mini-batches of sizes ``batches`` (:func:`~numpyro_sg.infer.variational.adam_ascent`,
-        vectorised; ``steps`` and ``rate`` are arguments of the program: the multi-start
-        ascents and the main phase share it when their batch sizes agree)."""
+        """``steps`` Adam steps at initial learning rate ``rate`` from each row of xs, on mini-batches of sizes
+        ``batches`` (:func:`~numpyro_sg.infer.variational.adam_ascent`, vectorised; ``steps`` and ``rate`` are
+        arguments of the program: the multi-start ascents and the main phase share it when their batch sizes agree)."""
         plates = [dataclasses.replace(p, subsample_size=batches[p.size]) for p in self.mb.plates]
         mb_opt = self.mb.with_plates(plates)
         adam = self._jit(lambda xs, keys, n, r, a, k: map_over_draws(lambda x, key: adam_ascent(
@@ -343,12 +339,16 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
     """The start and the stochastic optimisation (module docstring, step 1) after the multi-start
     phase: ``(point, (the starts' end log densities, full-data gradients, end points))``; the main
     Adam phase continues the ``starts_per_round`` best ends (the best one where the two phases'
-    batch sizes differ) and keeps the best by full-data log density."""
+    batch sizes differ) and keeps the best by full-data log density.  The usual start's check (log π
+    finite, gradients exactly 0) is made on the rows that value the ends: no pass over all the data."""
     options, (steps, batches) = programs.options, programs.adam_plan(d)
-    x = usual_start(programs.full_value_and_grad, info, d, dtype, random.fold_in(key_probe, 1), options.symmetry_jitter)
     width = max(1, min(options.starts_per_round, options.num_starts))
+    multi = options.num_starts > 1 and options.start_steps > 0 and steps > 0
+    vg = programs.full_value_and_grad if programs.exact_rows or not multi else (
+        lambda y: [a[0] for a in programs.value_and_grad_many(jnp.asarray(y)[None])])
+    x = usual_start(vg, info, d, dtype, random.fold_in(key_probe, 1), options.symmetry_jitter)
     values, grads, ends, best = (), (), (), np.asarray(x)[None]
-    if options.num_starts > 1 and options.start_steps > 0 and steps > 0:
+    if multi:
         bar.set_postfix_str(f"starts 0/{options.num_starts}")
         starts = start_candidates(x, info, partial(programs.prior_draws, info.model), options.num_starts, width,
                                   random.fold_in(key_opt, 3))
