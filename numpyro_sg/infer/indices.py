@@ -1,5 +1,6 @@
 """Mini-batch index draws inside ``jit``, O(n) per draw: with replacement, or without replacement
-by walking a per-epoch permutation (:class:`BatchState`)."""
+by walking a per-epoch permutation (:class:`BatchState`); and the warmup's fixed rows, drawn once
+outside ``jit`` (:func:`random_rows`: no program to compile)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import random
 
 
@@ -44,3 +46,19 @@ def draw_without_replacement(key, batch: BatchState, n: int):
     batch = jax.lax.cond(batch.pos + n > size, reshuffle, lambda b: b, batch)
     idx = jax.lax.dynamic_slice(batch.perm, (batch.pos,), (n,))
     return idx, BatchState(batch.perm, batch.pos + n)
+
+
+def numpy_rng(key) -> np.random.Generator:
+    """A NumPy generator seeded by a JAX key (raw ``uint32`` or typed): draws made once, outside
+    ``jit``, that compile nothing."""
+    typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    return np.random.default_rng(np.asarray(random.key_data(key) if typed else key, np.uint32))
+
+
+def random_rows(key, sizes: tuple, rows: int) -> tuple:
+    """Per plate size N: ``rows`` rows drawn with replacement, or all N when N ≤ ``rows`` (``int32``
+    JAX arrays: NumPyro's ``subsample`` takes no other)."""
+    rng = numpy_rng(key)
+    return tuple(jnp.asarray((rng.integers(0, N, size=rows) if N > rows else np.arange(N)).astype(np.int32))
+                 for N in sizes)
+

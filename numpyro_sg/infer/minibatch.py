@@ -30,7 +30,6 @@ smooth τ̂ with an EMA over iterations (``noise_ema_weight``), which restores t
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -46,7 +45,7 @@ from numpyro_sg.infer.handlers import (  # noqa: F401
     with_indices,
     without_plate_sites,
 )
-from numpyro_sg.infer.indices import BatchState, draw_with_replacement, draw_without_replacement
+from numpyro_sg.infer.indices import BatchState, draw_with_replacement, draw_without_replacement, random_rows
 from numpyro_sg.infer.jit_data import jit_with_data
 from numpyro_sg.infer.noise import MAX_GROUPS, PER_DATUM_MAX, group_noise_sd, noise_groups  # noqa: F401
 from numpyro_sg.infer.preconditioner import Preconditioner, rows_to_working
@@ -89,13 +88,6 @@ class GradientEstimate(NamedTuple):
     value: Any
     grad: Any
     noise_sd: Any
-
-
-@partial(jax.jit, static_argnums=(1, 2))
-def _random_rows(key, sizes: tuple, rows: int) -> tuple:
-    """Per plate size N: ``rows`` rows drawn with replacement, or all N when N ≤ ``rows`` (one program)."""
-    return tuple(draw_with_replacement(random.fold_in(key, k), N, rows) if N > rows
-                 else jnp.arange(N, dtype=jnp.int32) for k, N in enumerate(sizes))
 
 
 class Minibatcher:
@@ -147,7 +139,7 @@ class Minibatcher:
     def random_rows(self, rows: int, key) -> dict:
         """A random subsample of ``rows`` rows per plate, with replacement (all of them when
         N ≤ ``rows``)."""
-        drawn = _random_rows(key, tuple(p.size for p in self.plates), rows)
+        drawn = random_rows(key, tuple(p.size for p in self.plates), rows)
         return {p.name: idx for p, idx in zip(self.plates, drawn)}
 
     @property

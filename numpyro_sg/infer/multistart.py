@@ -34,6 +34,7 @@ from jax.flatten_util import ravel_pytree
 from numpyro.infer import init_to_sample
 
 from numpyro_sg.infer.curvature import predicted_ascent
+from numpyro_sg.infer.indices import numpy_rng
 from numpyro_sg.infer.model_info import ModelInfo, improper_to_uniform, trace_model
 
 
@@ -104,8 +105,7 @@ def start_candidates(start, info: ModelInfo, prior_draws, num_starts: int, width
     round when ``width`` ≥ ``num_starts``).  ``prior_draws(key, n)``: n flat
     draws (n, d) of :func:`prior_or_uniform` in one compiled program; a
     ``NotImplementedError`` (a distribution without a sampler) gives uniform draws instead."""
-    typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
-    rng = np.random.default_rng(np.asarray(random.key_data(key) if typed else key, np.uint32))
+    rng = numpy_rng(key)
     d, dtype = start.shape[0], start.dtype
     parts = [np.asarray(start, dtype)[None]]
     chain0 = first_chain_draw(info, dtype)

@@ -118,27 +118,27 @@ class _WarmupPrograms:
         return self._jit(values, "full_value_and_grad_many", chunk)(xs)
 
     def value_and_grad_many(self, xs):
-        """(log π, ∇ log π) at each row of xs (S, d) on the Hessian's rows: exact where they are all
-        the data (:meth:`full_value_and_grad_many`), else log p(x) + (N/m)·Σ_{i∈rows} log f_i(x), one
-        point at a time (the memory of one Hessian-vector product): ranking the starts' ends
-        costs m rows a point, not N (:meth:`on_full_scale` then puts them on the full-data scale)."""
+        """(log π, ∇ log π) at each row of xs (S, d) on the Hessian's rows: exact where they are all the data
+        (:meth:`full_value_and_grad_many`), else log p(x) + (N/m)·Σ_{i∈rows} log f_i(x), a point at a time (the memory
+        of one Hessian-vector product), xs padded to a round of starts (one program): m rows a point, not N."""
         if self.exact_rows:
             return self.full_value_and_grad_many(xs)
         values = lambda ys, a, k: jax.lax.map(jax.value_and_grad(lambda y: self.log_density(a, k)(y, self.rows)), ys)
-        return self._jit(values, "rows_value_and_grad_many")(xs)
+        k, width = len(xs), max(1, min(self.options.starts_per_round, self.options.num_starts))
+        out = self._jit(values, "rows_value_and_grad_many")(padded_rows(np.asarray(xs, self.dtype), max(k, width)))
+        return tuple(a[:k] for a in out)
 
     def on_full_scale(self, starts: tuple, x, value: float, grad, gap: float, width: int, screen=None) -> tuple:
-        """The starts' ``(values, gradients, ends)`` of :meth:`value_and_grad_many` on the full-data
-        scale by control variates at the mode x, L̂ the estimate on the rows: log π(x) + L̂(end) −
-        L̂(x) − (∇L̂(x) − ∇ log π(x))·(end − x) and ∇L̂(end) − ∇L̂(x) + ∇ log π(x).  Where that
-        cannot be trusted, the end gets its exact value and gradient (one batched pass per
-        ``width`` of them): estimated more than ``gap`` nats from log π(x) and not explained by
-        the quadratic model, ``screen(g)`` (½·gᵀΣ̂g) within 10 % + ``gap`` of the estimated gap.
+        """The starts' ``(values, gradients, ends)`` of :meth:`value_and_grad_many` on the full-data scale by
+        control variates at the mode x, L̂ the estimate on the rows: log π(x) + L̂(end) − L̂(x) − (∇L̂(x) −
+        ∇ log π(x))·(end − x) and ∇L̂(end) − ∇L̂(x) + ∇ log π(x).  Where that cannot be trusted, the end gets its
+        exact value and gradient (one batched pass per ``width`` of them): estimated more than ``gap`` nats from
+        log π(x) and not explained by the quadratic model, ``screen(g)`` (½·gᵀΣ̂g) within 10 % + ``gap`` of it.
         A GLM's ends, 200–430 nats below at N = 10⁶ (20–30 sds away), are so explained (errors 1–3 %);
         a local mode, exact gradient 0, is not (the rows' gradient there is their noise, ½·d·N/m nats)."""
         if self.exact_rows or len(starts[0]) == 0:
             return starts
-        v_x, g_x = (np.asarray(a, np.float64)[0] for a in self.value_and_grad_many(jnp.asarray(x)[None]))
+        v_x, g_x = (np.asarray(a, np.float64)[0] for a in self.value_and_grad_many(np.asarray(x)[None]))
         ends, grad = np.asarray(starts[2]), np.asarray(grad, np.float64)
         finite = np.isfinite(np.asarray(starts[0], np.float64))   # an end whose log π is not finite stays so
         with np.errstate(invalid="ignore", over="ignore"):
@@ -345,7 +345,7 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
     width = max(1, min(options.starts_per_round, options.num_starts))
     multi = options.num_starts > 1 and options.start_steps > 0 and steps > 0
     vg = programs.full_value_and_grad if programs.exact_rows or not multi else (
-        lambda y: [a[0] for a in programs.value_and_grad_many(jnp.asarray(y)[None])])
+        lambda y: [a[0] for a in programs.value_and_grad_many(np.asarray(y)[None])])
     x = usual_start(vg, info, d, dtype, random.fold_in(key_probe, 1), options.symmetry_jitter)
     values, grads, ends, best = (), (), (), np.asarray(x)[None]
     if multi:
