@@ -36,6 +36,7 @@ def run_one(family, kernel: str, seed: int) -> dict:
         mcmc = MCMC(sampler, num_warmup=1000, num_samples=2000, num_chains=4, chain_method="vectorized",
                     progress_bar=False)
         mcmc.run(jax.random.PRNGKey(seed), *family.args, **family.kwargs)
+        jax.block_until_ready(mcmc.get_samples())   # run returns before the draws are computed
         seconds = time.perf_counter() - start
         idata = nsg.to_inference_data(mcmc)
     said = [str(w.message) for w in caught if issubclass(w.category, nsg.ConvergenceWarning)]
@@ -66,9 +67,10 @@ def main(argv=None):
                 run = run_one(family, kernel, seed)
                 score = compare(family, run, reference)
                 plan = run["plan"]
-                n = f"n={plan.subsample_size}" + ("" if plan.replace else " (all rows)") if plan else "n=plate"
+                n = (f"n={plan.subsample_size}" + ("" if plan.replace else " (all rows)")
+                     + ("" if plan.step_scale == 1 else f" step×{plan.step_scale:.2f}")) if plan else "n=plate"
                 print(f"{name:22s} {kernel:6s} seed {seed}: xi {score['xi']:.3f}  max|mean err| "
-                      f"{score['mean_error']:.3f} NUTS sd  {n:18s} run {run['seconds']:6.1f} s "
+                      f"{score['mean_error']:.3f} NUTS sd  {n:28s} run {run['seconds']:6.1f} s "
                       f"(NUTS {nuts_seconds:.1f} s)  warnings {len(run['warnings'])}", flush=True)
                 for message in run["warnings"]:
                     print(f"    warned: {message[:300]}", flush=True)

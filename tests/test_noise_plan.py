@@ -13,7 +13,8 @@ from numpyro.infer import MCMC
 
 import numpyro_sg as nsg
 from numpyro_sg.kernels.momentum import sghmc_inflation
-from numpyro_sg.kernels.noise_plan import plan_noise
+from numpyro_sg.infer.noise import drift_ratio
+from numpyro_sg.kernels.noise_plan import curvature_of, plan_noise
 from numpyro_sg.kernels.sgld import sgld_inflation
 
 
@@ -76,6 +77,7 @@ def test_a_users_step_and_size_are_kept_with_a_warning_whose_remedy_meets_the_to
             MCMC(kernel, num_warmup=5, num_samples=5, progress_bar=False).run(jax.random.PRNGKey(0),
                                                                              *long_tailed_poisson)
         said = [str(w.message) for w in caught if "gradient noise" in str(w.message)]
+        run.kernel = kernel
         return kernel.noise_plan, said
 
     plan, said = run(step_size=0.7, subsample_size=100)
@@ -85,19 +87,24 @@ def test_a_users_step_and_size_are_kept_with_a_warning_whose_remedy_meets_the_to
     assert plan.inflation <= 0.05 and not said, (plan, said)
     plan, said = run(subsample_size=100)   # the default step shrinks instead of the size growing
     assert plan.subsample_size == 100 and plan.step_scale < 1 and plan.inflation <= 0.05 + 1e-9 and not said
+    # chains that then move slowly are told to run longer, not to take the larger step
+    remedy = run.kernel.slow_chain_remedy()
+    assert "shrunk to" in remedy and "a larger step_size would widen the draws" in remedy, remedy
 
 
+@pytest.mark.parametrize("curvature", [1.0, 2.5])
 @pytest.mark.parametrize("friction", [None, 0.5, 1.0])
-def test_the_predicted_inflation_is_the_stationary_variance_of_a_noisy_gaussian_chain(friction):
-    """On a standard Gaussian target (the Laplace frame at its best) with Gaussian gradient noise
-    of variance c, SGLD's (friction None) and SGHMC's linear recursions have stationary variance
-    1 + the predicted inflation: checked by simulating 4,000 chains for 400 steps (the
+def test_the_predicted_inflation_is_the_stationary_variance_of_a_noisy_gaussian_chain(friction, curvature):
+    """On a Gaussian target of curvature λ in the Laplace frame (λ = 1: the frame at its best;
+    λ = 2.5: a posterior steeper than the Laplace approximation) with Gaussian gradient noise of
+    variance c, SGLD's (friction None) and SGHMC's linear recursions have stationary variance
+    (1 + the predicted inflation)/λ: checked by simulating 4,000 chains for 400 steps (the
     variance's Monte Carlo error is about 2 %; tolerance 5 %)."""
     eps, c, chains = 0.7, 2.0, 4_000
     rng = np.random.default_rng(1)
     u, v = np.zeros(chains), np.zeros(chains)
     for _ in range(400):
-        g = -u + np.sqrt(c) * rng.normal(size=chains)
+        g = -curvature * u + np.sqrt(c) * rng.normal(size=chains)
         if friction is None:
             u = u + 0.5 * eps * g + np.sqrt(eps * (1 - eps / 4)) * rng.normal(size=chains)
         else:
@@ -105,12 +112,13 @@ def test_the_predicted_inflation_is_the_stationary_variance_of_a_noisy_gaussian_
             s2 = 2 * friction * eta * (1 - eta / (4 - 2 * friction))
             v = (1 - friction) * v + eta * g + np.sqrt(s2) * rng.normal(size=chains)
             u = u + v
-    predicted = sgld_inflation(eps, c) if friction is None else sghmc_inflation(eps, c, friction)
-    assert abs(np.var(u) / (1 + predicted) - 1) < 0.05, (np.var(u), predicted)
+    predicted = (sgld_inflation(eps, c, curvature) if friction is None
+                 else sghmc_inflation(eps, c, friction, curvature))
+    assert abs(curvature * np.var(u) / (1 + predicted) - 1) < 0.05, (np.var(u), predicted)
 
 
 def test_plan_noise_raises_the_size_then_takes_the_whole_data_then_shrinks_the_step():
-    inflation = lambda eps, c: sgld_inflation(eps, c)
+    inflation = sgld_inflation
     plan = plan_noise(inflation, 0.7, [10.0, 200.0], 500, 10**6, 0.05, adjust_size=True, adjust_step=True)
     assert plan.subsample_size == 849 and plan.replace
     exact = plan_noise(inflation, 0.7, [1e6], 500, 10_000, 0.05, adjust_size=True, adjust_step=True, exact=True)
@@ -119,12 +127,51 @@ def test_plan_noise_raises_the_size_then_takes_the_whole_data_then_shrinks_the_s
     assert smaller.subsample_size == 500 and smaller.step_scale < 1 and abs(smaller.inflation - 0.05) < 1e-6
     quiet = plan_noise(inflation, 0.7, [1.0], 500, 10_000, 0.05, adjust_size=True, adjust_step=True)
     assert quiet.subsample_size == 500 and quiet.step_scale == 1.0 and not quiet.changed
+    steep = plan_noise(inflation, 0.7, [1e6], 500, 10_000, 0.05, adjust_size=True, adjust_step=True, exact=True,
+                       curvature=2.5)   # the exact gradient, and still a smaller step for the curvature
+    assert (steep.subsample_size, steep.replace, steep.curvature) == (10_000, False, 2.5)
+    assert steep.step_scale < 1 and abs(steep.inflation - 0.05) < 1e-6
+
+
+def _walled(u, a=10.0, b=1.0):
+    """∇ log π of a standard Gaussian with a wall: log π(u) = −u²/2 − softplus(a·(u − b)) (a
+    coefficient that a few rows tens of sds out fit at the mode, in its Laplace frame)."""
+    return -u - a / (1.0 + np.exp(-a * (u - b)))
+
+
+def test_a_wall_a_few_sds_out_shrinks_the_default_step_to_one_that_samples_it():
+    """A posterior whose log density falls steeply a sd beyond its mode: its Laplace approximation
+    is N(0, 1) (curvature 1.005 at the mode), but at probes 1.5 Laplace sds out on either side the
+    gradient is 7.6 times steeper (λ̂, :func:`drift_ratio`), and SGLD's default ε = 0.7 overshoots
+    the wall: its sd is 27 % too large, with the exact gradient.  The plan's step for that
+    curvature (ε = 0.030) gives the sd within 3 % (measured 0.3 %; the target's sd by quadrature;
+    4,000 chains × 3,000 steps estimate it to about 1 %, the plan allows 2.5 %); without the
+    curvature (λ = 1) the plan keeps ε = 0.7, so the test fails without it."""
+    probes = np.array([[1.5], [-1.5]])
+    ratio = drift_ratio(_walled(probes) - _walled(np.zeros((1, 1))), probes, np.eye(1))
+    plan = plan_noise(sgld_inflation, 0.7, [0.0], 10_000, 10_000, 0.05, adjust_size=True, adjust_step=True,
+                      replace=False, curvature=curvature_of(ratio))
+    grid = np.linspace(-8.0, 4.0, 24_001)
+    density = np.exp(-grid**2 / 2 - np.logaddexp(0.0, 10.0 * (grid - 1.0)))
+    mean = np.sum(grid * density) / np.sum(density)
+    true_sd = np.sqrt(np.sum((grid - mean) ** 2 * density) / np.sum(density))
+
+    def sgld_sd(eps, steps=3_000, chains=4_000):
+        rng, u = np.random.default_rng(1), np.zeros(chains)
+        for _ in range(steps):
+            u = u + 0.5 * eps * _walled(u) + np.sqrt(eps * (1 - eps / 4)) * rng.normal(size=chains)
+        return np.std(u)
+
+    eps = 0.7 * plan.step_scale
+    assert ratio > 3 and eps < 0.2, (ratio, plan)
+    assert abs(sgld_sd(eps) / true_sd - 1) < 0.03, (sgld_sd(eps), true_sd)
+    assert sgld_sd(0.7) / true_sd > 1.1
 
 
 def test_one_extreme_row_counts_as_if_drawn_at_every_step():
     """Where one row's kick t/n outweighs the rows' variance r/n, the plan sizes n so that (t/n)²
     meets the tolerance: SGLD at ε = 0.7 allows c ≤ 0.05·3.3/0.7, so n ≥ t/√c."""
-    inflation = lambda eps, c: sgld_inflation(eps, c)
+    inflation = sgld_inflation
     averaged = plan_noise(inflation, 0.7, [10.0], 500, 10**6, 0.05, adjust_size=True, adjust_step=True)
     tail = plan_noise(inflation, 0.7, [10.0], 500, 10**6, 0.05, adjust_size=True, adjust_step=True, row_kick=[2000.0])
     need = int(np.ceil(2000.0 / np.sqrt(0.05 * 3.3 / 0.7)))

@@ -214,8 +214,9 @@ def check_convergence(obj, *, rhat_max: float = 1.05, ess_min: float = 100, drif
                    & (not findings))
     if warn and (not table["ok"].all() or extra_problems):
         draws = max((np.shape(v)[1] for v in samples.values() if np.ndim(v) >= 2), default=0)
+        generic = getattr(sampler, "slow_chain_remedy", lambda: None)() or GENERIC_REMEDY
         warnings.warn(_message(table, label, rhat_max, ess_min, drift_max, list(extra_problems), draws,
-                               thinning, random_start), ConvergenceWarning, stacklevel=2)
+                               thinning, random_start, generic), ConvergenceWarning, stacklevel=2)
     return table
 
 
@@ -266,9 +267,11 @@ def _draws_needed(ess, draws, ess_min, thinning: int = 1) -> str:
             f"{draws * thinning:,}, would reach {ess_min:.0f})")
 
 
-def _message(table, label, rhat_max, ess_min, drift_max, findings, draws=0, thinning=1, random_start=True) -> str:
+def _message(table, label, rhat_max, ess_min, drift_max, findings, draws=0, thinning=1, random_start=True,
+             generic: str = GENERIC_REMEDY) -> str:
     """The warning: the kernel's findings (``(problem, remedy)`` pairs or sentences), the sites at
-    fault, and the remedies of the causes found (generic ones when no cause is named); with the
+    fault, and the remedies of the causes found (``generic`` ones when no cause is named: the
+    sampler's :meth:`~numpyro_sg.kernels.base.SGKernel.slow_chain_remedy`, if any); with the
     run's ``draws`` per chain (kept, after ``thinning``), the run length that low ESS asks for
     where the chains agree; the remedy of a random start only where the run had one."""
     problems = [f[0] if isinstance(f, tuple) else f for f in findings]
@@ -295,4 +298,4 @@ def _message(table, label, rhat_max, ess_min, drift_max, findings, draws=0, thin
                         + ", ".join(f"{x:.3g} posterior sds in '{n}'" for n, x in zip(bad.index, bad["drift"])))
     return (f"{label} may not have sampled the posterior: " + "; ".join(problems) + ". The draws may be far "
             "from the posterior. Remedies: " + "; ".join(
-                remedies or [GENERIC_REMEDY + ("; " + RANDOM_START_REMEDY if random_start else "")]) + ".")
+                remedies or [generic + ("; " + RANDOM_START_REMEDY if random_start else "")]) + ".")

@@ -87,16 +87,18 @@ def row_noise_covariance(log_density, plate_name: str, rows, x, anchor, frame, b
     part cancels), (d, d); and the largest single row's deviation in the frame S = ``frame`` (d, d),
     t_j = max_i |(S·(δ_i − δ̄))_j| / √S_jj with δ_i = g_i(x) − g_i(x̂): a mini-batch of n rows moves
     a chain preconditioned by S by t_j/n Laplace sds per unit of drift when it holds row i (d,).
-    Traceable; ``batch_size`` rows at a time."""
+    Also the rows' mean deviation δ̄ (d,): on all rows (or a uniform subsample) the full-data
+    gradient's change ∇ log π(x) − ∇ log π(x̂).  Traceable; ``batch_size`` rows at a time."""
     both = jnp.stack([x, anchor])   # one trace of the model for both points
 
     def delta(i):
         g = jax.vmap(lambda z: jax.grad(log_density)(z, {plate_name: i[None]}))(both)
         return g[0] - g[1]
     deltas = jax.lax.map(delta, rows, batch_size=batch_size)
-    centred = deltas - jnp.mean(deltas, axis=0)
+    mean = jnp.mean(deltas, axis=0)
+    centred = deltas - mean
     largest = jnp.max(jnp.abs(centred @ frame), axis=0) / jnp.sqrt(jnp.diag(frame))
-    return centred.T @ centred / deltas.shape[0], largest
+    return centred.T @ centred / deltas.shape[0], largest, mean
 
 
 def row_noise_in_laplace_units(covariance, chol) -> np.ndarray:
@@ -112,15 +114,34 @@ def row_noise_in_laplace_units(covariance, chol) -> np.ndarray:
     return np.einsum("ij,jk,ki->i", S, np.asarray(covariance, np.float64), S) / np.diag(S)
 
 
-def laplace_row_noise(covariance, x, precond, key, points: int) -> tuple:
-    """``(r, t)``: r (d,) of :func:`row_noise_in_laplace_units` for the mean of the covariance
+def laplace_row_noise(covariance, gradients, x, precond, key, points: int) -> tuple:
+    """``(r, t, λ̂)``: r (d,) of :func:`row_noise_in_laplace_units` for the mean of the covariance
     returned by ``covariance(y, x, S)`` (:func:`row_noise_covariance` with anchor x and frame
     S = L·Lᵀ) at ``points`` draws y = x + L·ξ of the Laplace approximation N(x, L·Lᵀ) (``precond``:
-    dense or diagonal), and t (d,) the largest single row's deviation over those draws."""
+    dense or diagonal), t (d,) the largest single row's deviation over those draws, and
+    λ̂ = :func:`drift_ratio` at those draws and their mirror images x − L·ξ, whose gradients
+    ``gradients(ys)`` (on the same rows, x first) gives."""
     L = np.asarray(precond.chol if precond.chol is not None else jnp.diag(precond.scale), np.float64)
     S = jnp.asarray(L @ L.T, x.dtype)
     xi = np.asarray(jax.random.normal(key, (points, x.shape[0])), np.float64)
-    found = [covariance(jnp.asarray(y, x.dtype), x, S) for y in np.asarray(x, np.float64) + xi @ L.T]
-    C = np.mean([np.asarray(c, np.float64) for c, _ in found], axis=0)
-    t = np.max([np.asarray(largest, np.float64) for _, largest in found], axis=0)
-    return tuple(float(r) for r in row_noise_in_laplace_units(C, L)), tuple(float(v) for v in t)
+    centre = np.asarray(x, np.float64)
+    found = [covariance(jnp.asarray(y, x.dtype), x, S) for y in centre + xi @ L.T]
+    C = np.mean([np.asarray(c, np.float64) for c, _, _ in found], axis=0)
+    t = np.max([np.asarray(largest, np.float64) for _, largest, _ in found], axis=0)
+    mirrored = np.asarray(gradients(jnp.asarray(np.vstack([centre, centre - xi @ L.T]), x.dtype)), np.float64)
+    changes = np.vstack([np.stack([np.asarray(m, np.float64) for _, _, m in found]), mirrored[1:] - mirrored[0]])
+    return (tuple(float(r) for r in row_noise_in_laplace_units(C, L)), tuple(float(v) for v in t),
+            drift_ratio(changes, np.vstack([xi, -xi]), L))
+
+
+def drift_ratio(gradient_changes, xi, chol) -> float:
+    """λ̂ = max_k ‖Lᵀ·Δg_k‖/‖ξ_k‖, Δg_k = ∇ log π(x̂ + L·ξ_k) − ∇ log π(x̂) (``gradient_changes``,
+    (k, d)): 1 on a Gaussian posterior N(x̂, L·Lᵀ) (Lᵀ·Δg = −ξ), above 1 where the curvature a
+    Langevin chain meets a few Laplace sds out exceeds the mode's (a saturating link whose few
+    rows tens of sds out are fitted at the mode), as a whitened Gaussian target of curvature λ̂.
+
+    >>> drift_ratio(np.array([[-2.0, 0.0], [0.0, -1.0]]), np.array([[1.0, 0.0], [0.0, 1.0]]), np.eye(2))
+    2.0
+    """
+    whitened = np.asarray(gradient_changes, np.float64) @ np.asarray(chol, np.float64)
+    return float(np.max(np.linalg.norm(whitened, axis=1) / np.linalg.norm(xi, axis=1)))

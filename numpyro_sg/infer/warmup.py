@@ -24,9 +24,10 @@ Before the chains start (inside the kernel's ``init``, so it counts in ``MCMC.ru
 The result, a :class:`ModeFit`, gives the Laplace covariance Σ̂ = (−H)⁻¹ at the mode as a
 :class:`~numpyro_sg.infer.preconditioner.Preconditioner` (dense up to ``dense_max``
 coordinates; above, a Fisher/Hutchinson diagonal shrunk for stiffness: :class:`WarmupOptions`),
-the control-variate anchor (θ̂ and its full-data gradient) and, up to ``dense_max``
-coordinates, the gradient noise of one row (:attr:`ModeFit.row_noise`), from which the
-kernels' defaults choose their mini-batch size (:mod:`numpyro_sg.kernels.noise_plan`).
+the control-variate anchor (θ̂ and its full-data gradient) and, up to ``dense_max`` coordinates,
+the gradient noise of one row and the gradient's steepness at the Laplace draws
+(:attr:`ModeFit.row_noise`, :attr:`ModeFit.drift_ratio`), from which the kernels' defaults choose
+their mini-batch size and step (:mod:`numpyro_sg.kernels.noise_plan`).
 :func:`starting_points` starts the chains at θ̂ + ``jitter``·L·ξ, ξ ~ N(0, I) per chain.
 ``centre="variational"`` replaces steps 0–2 by a mean-field fit (:mod:`~numpyro_sg.infer.variational`).
 """
@@ -240,11 +241,12 @@ class _WarmupPrograms:
                    for idx in draws)
 
     def row_noise(self, x, precond: Preconditioner, key) -> tuple:
-        """``(``:attr:`ModeFit.row_noise`, :attr:`ModeFit.row_kick```)`` on the Hessian's rows (:func:`~numpyro_sg.infer.noise.laplace_row_noise`)."""
+        """:attr:`ModeFit.row_noise`, ``row_kick`` and ``drift_ratio`` (:func:`~numpyro_sg.infer.noise.laplace_row_noise`)."""
         (plate,) = self.mb.plates
         covariance = self._jit(lambda y, anchor, frame, a, k: row_noise_covariance(
             self.log_density(a, k), plate.name, self.rows[plate.name], y, anchor, frame), "row_noise_covariance")
-        return laplace_row_noise(covariance, x, precond, key, self.options.noise_points)
+        return laplace_row_noise(covariance, lambda ys: self.value_and_grad_many(ys)[1], x, precond, key,
+                                 self.options.noise_points)
 
     def noise_heat(self, x, grad, scale, shrink, key) -> float:
         """:func:`~numpyro_sg.infer.curvature.noise_heat_of` the control-variate gradient noise
@@ -302,11 +304,11 @@ def _mode_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         (x, (value, grad)) = newton.point, newton.state
         bar.set_postfix_str("preconditioner")
         precond, stiffness, noise_heat = mode_preconditioner(programs, x, grad, curvature, dense, key_probe, dtype)
-        row_noise = row_kick = None
+        row_noise = row_kick = drift = None
         if (dense and options.max_noise_inflation is not None and len(programs.mb.plates) == 1
                 and not programs.monte_carlo and not is_sharded(programs.mb)):
             bar.set_postfix_str("gradient noise")
-            row_noise, row_kick = programs.row_noise(x, precond, random.fold_in(key_probe, 7))
+            row_noise, row_kick, drift = programs.row_noise(x, precond, random.fold_in(key_probe, 7))
         L = np.asarray(precond.chol, np.float64) if precond.chol is not None else None  # Σ̂ = L·Lᵀ
         screen = None if L is None else (lambda g: 0.5 * np.sum((L.T @ g) ** 2))
         starts = programs.on_full_scale(starts, np.asarray(x, np.float64), value, grad, options.multimodal_gap,
@@ -317,7 +319,7 @@ def _mode_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         mode=jnp.asarray(x, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value), preconditioner=precond,
         converged=newton.converged, newton_steps=newton.steps, seconds=time.perf_counter() - start_time,
         stiffness=float(stiffness), noise_heat=float(noise_heat), start_log_densities=tuple(float(v) for v in starts[0]),
-        start_ascents=ascents, row_noise=row_noise, row_kick=row_kick, data_passes=programs.passes)
+        start_ascents=ascents, row_noise=row_noise, row_kick=row_kick, drift_ratio=drift, data_passes=programs.passes)
 
 
 def _variational_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe,
@@ -393,8 +395,5 @@ def starting_points(init_params, fit: ModeFit | None, rng_key, batched, unravel,
         return init_params
     if fit is None:
         raise ValueError("no starting point: give init_params or init_strategy, or run the warmup.")
-
-    def one(key):
-        return unravel(laplace_draw(fit.mode, fit.preconditioner, key, jitter))
-
+    one = lambda key: unravel(laplace_draw(fit.mode, fit.preconditioner, key, jitter))
     return jax.vmap(one)(rng_key) if batched else one(rng_key)

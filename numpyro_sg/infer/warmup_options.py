@@ -238,6 +238,10 @@ class ModeFit:
         unit of drift (a mini-batch of n rows that holds the row moves coordinate j by t_j/n
         per unit of drift): where a few extreme rows dominate, t_j²/n² exceeds r_j/n
         (:func:`~numpyro_sg.infer.noise.row_noise_covariance`); ``None`` where not measured.
+    :ivar drift_ratio: λ̂, how much steeper than the Laplace approximation's the full-data
+        gradient is at its draws (:func:`~numpyro_sg.infer.noise.drift_ratio`; 1 on a Gaussian
+        posterior); the kernels' default steps shrink where it is well above 1
+        (:mod:`~numpyro_sg.kernels.noise_plan`); ``None`` where not measured.
     :ivar data_passes: how many times the search read all the data (the full-data log density
         and gradient at a point, or at a batch of points at once); 0 for a fit found in the
         process's store.  The mini-batch steps and the Hessian's ``hessian_rows`` rows come on top.
@@ -262,6 +266,7 @@ class ModeFit:
     start_ascents: tuple = ()
     row_noise: tuple | None = None
     row_kick: tuple | None = None
+    drift_ratio: float | None = None
     data_passes: int = 0
 
     def local_modes(self, gap: float = 20.0) -> np.ndarray:

@@ -358,6 +358,12 @@ class SGKernel(ProgressText, MCMCKernel):
         """
         return []
 
+    def slow_chain_remedy(self) -> str | None:
+        """The remedies for chains that did not converge when no cause was found, where the
+        generic ones (:data:`~numpyro_sg.diagnostics.convergence.GENERIC_REMEDY`) would mislead
+        (default: ``None``, the generic ones)."""
+        return None
+
     def diverged_at(self, state) -> dict:
         """``{chain: iteration}`` of the diverged chains of a run's final ``state`` (e.g.
         ``mcmc.last_state``): :func:`~numpyro_sg.kernels.guard.diverged_iterations`."""

@@ -234,8 +234,23 @@ class GradientKernel(SGKernel):
         plan = self.noise_plan
         return self.DEFAULT_STEP_SIZE * (1.0 if plain or plan is None else plan.step_scale)
 
-    def noise_inflation(self, step_size, noise):
-        """The variance fraction noise c adds at ``step_size`` (:mod:`~numpyro_sg.kernels.noise_plan`); ``None``: unknown."""
+    def slow_chain_remedy(self) -> str | None:
+        """Where the :attr:`noise_plan` shrank the default step: a longer run, not a larger step."""
+        plan = self.noise_plan
+        if self.step_size is not None or plan is None or plan.step_scale >= 1.0:
+            return None
+        why = ("the posterior is steeper a few sds out than its Laplace approximation, "
+               "kernel.mode_fit.drift_ratio" if plan.curvature > 1.0 else "the gradient noise of "
+               f"{plan.subsample_size} rows per mini-batch, kernel.noise_plan")
+        sgbd = ("; or numpyro_sg.SGBD on the same model, whose bounded moves keep their default step there"
+                if plan.curvature > 1.0 and not self.BOUNDED_MOVES else "")
+        return (f"a longer num_warmup and num_samples: the default step was shrunk to {self.default_step_size():.3g} "
+                f"({why}), so the chains move slowly, and a larger step_size would widen the draws{sgbd}; "
+                "compare with NUTS (numpyro_sg.nuts_reference) when it is affordable")
+
+    def noise_inflation(self, step_size, noise, curvature=1.0):
+        """The variance fraction noise c adds at ``step_size`` on a whitened Gaussian of curvature
+        ``curvature`` (:mod:`~numpyro_sg.kernels.noise_plan`); ``None``: unknown."""
         return None
 
     def _plan(self, key_init, init_params, model_args, model_kwargs):

@@ -107,14 +107,15 @@ def sghmc_noise_variance(step_size, friction, temperature=1.0, noise_sd=None,
     return v
 
 
-def sghmc_inflation(step_size, noise, friction):
-    """η·c·(2 − α)/(α·(4 − 2α − η)), η = ε/2: the fraction of variance SGHMC's stationary
-    distribution gains from gradient noise of variance c per step on a whitened Gaussian target
-    (the stationary variance in the module docstring with η²·c added to s²; for α = 1 SGLD's
-    ε·c/(4 − ε); ``inf`` where the chain is unstable)."""
+def sghmc_inflation(step_size, noise, friction, curvature=1.0):
+    """(η·(λ − 1) + η·c·(2 − α)/α)/(4 − 2α − η·λ), η = ε/2: the fraction of variance SGHMC's
+    stationary distribution (``correct_discretisation``) gains from gradient noise of variance c
+    per step on a whitened Gaussian target of curvature λ = ``curvature`` (the stationary
+    variance in the module docstring with η·λ for η and η²·c added to s²; at λ = 1
+    η·c·(2 − α)/(α·(4 − 2α − η)), for α = 1 SGLD's ε·c/(4 − ε); ``inf`` where the chain is unstable)."""
     eta = 0.5 * step_size
-    room = 4.0 - 2.0 * friction - eta
-    return float("inf") if room <= 0 else eta * noise * (2.0 - friction) / (friction * room)
+    room = 4.0 - 2.0 * friction - eta * curvature
+    return float("inf") if room <= 0 else eta * (curvature - 1.0 + noise * (2.0 - friction) / friction) / room
 
 
 def momentum_update(momentum, grad, step_size, friction, noise, noise_variance):

@@ -21,6 +21,18 @@ to the chain's stationary variance (exactly for the linear kernels, to first ord
   noise blurs the sign's logit by this factor, as the probit approximation shows, and a chain
   targeting π^(1/s) has s times π's variance).
 
+The Laplace frame is exact only for a Gaussian posterior.  Where a saturating link fits a few
+rows tens of sds out at the mode, the posterior's curvature a few sds out is several times the
+mode's (a wall), and an unadjusted Langevin or SGHMC step sized for the mode overshoots it even
+with the exact gradient: the draws come out too wide, by tens of percent (a multinomial logit on
+collinear covariates with 30–45 sd outliers, at 10⁵ rows).  The warmup measures how steep the
+gradient is at the Laplace draws, λ̂ (:attr:`~numpyro_sg.infer.warmup_options.ModeFit.drift_ratio`),
+and the linear kernels' predictions are those for a whitened Gaussian of curvature
+λ = max(1, λ̂ − 0.25) (the margin: λ̂ was 0.92–1.11 on Gaussian-looking posteriors of censored
+survival, gamma, Poisson, Student-t and negative binomial regressions):
+SGLD (4 − ε + ε·c)/(4 − ε·λ) − 1 and SGHMC (4 − 2α − η + η·c·(2 − α)/α)/(4 − 2α − η·λ) − 1, the
+same as above at λ = 1.  SGBD's bounded moves do not overshoot, and its prediction keeps λ = 1.
+
 :func:`plan_noise` raises n until this inflation is at most the tolerance
 (``WarmupOptions.max_noise_inflation``) with the kernel's default step, up to N; where N rows
 drawn with replacement are not enough, every mini-batch is the whole data (the exact gradient:
@@ -52,6 +64,7 @@ class NoisePlan:
     :ivar requested: the n the model's plate (or the kernel's ``subsample_size``) asked for.
     :ivar replace: whether rows are drawn with replacement (``False`` with n = N: every
         mini-batch is the whole data, the exact gradient).
+    :ivar curvature: λ, the curvature the prediction assumed (module docstring; 1: the Laplace one).
     """
 
     subsample_size: int
@@ -61,6 +74,7 @@ class NoisePlan:
     requested: int
     replace: bool = True
     row_kick: float = 0.0
+    curvature: float = 1.0
 
     @property
     def changed(self) -> bool:
@@ -74,25 +88,36 @@ def batch_noise(row_noise: float, n: int, N: int, replace: bool = True, row_kick
     return c if replace or N <= 1 else c * max(1.0 - (n - 1) / (N - 1), 0.0)
 
 
+def curvature_of(drift_ratio) -> float:
+    """λ = max(1, λ̂ − 0.25) from the warmup's :attr:`~numpyro_sg.infer.warmup_options.ModeFit.drift_ratio`
+    λ̂ (1 where it was not measured; module docstring)."""
+    return 1.0 if drift_ratio is None else max(1.0, float(drift_ratio) - 0.25)
+
+
 def plan_noise(inflation, step_size: float, row_noise, n: int, N: int, tolerance: float, *,
                adjust_size: bool, adjust_step: bool, replace: bool = True, exact: bool = False,
-               row_kick=()) -> NoisePlan:
-    """The smallest n' ≥ n (≤ N, when ``adjust_size``) whose noise keeps ``inflation(step, c)`` at
-    most ``tolerance`` (:func:`batch_noise` of max_j ``row_noise`` and max_j ``row_kick``); where N
-    rows drawn with replacement are not enough and ``exact`` allows it, every row without replacement (the exact gradient); else, if ``adjust_step``, the
-    largest step ``step_size``·s (s ≤ 1) that does.  ``inflation(step, c)`` grows with both
-    arguments.
+               row_kick=(), curvature: float = 1.0) -> NoisePlan:
+    """The smallest n' ≥ n (≤ N, when ``adjust_size``) whose noise keeps ``inflation(step, c, λ)`` at
+    most ``tolerance`` (:func:`batch_noise` of max_j ``row_noise`` and max_j ``row_kick``; λ =
+    ``curvature``); where N rows drawn with replacement are not enough and ``exact`` allows it,
+    every row without replacement (the exact gradient, c = 0); then, if ``adjust_step`` and that
+    is still above, the largest step ``step_size``·s (s ≤ 1) that meets it.  ``inflation(step, c, λ)``
+    grows with each argument.
 
-    >>> sgld_inflation = lambda eps, c: eps * c / (4 - eps)
+    >>> sgld_inflation = lambda eps, c, lam=1.0: (eps * (lam - 1) + eps * c) / (4 - eps * lam)
     >>> plan = plan_noise(sgld_inflation, 0.7, [0.0, 200.0], 500, 100_000, 0.05,
     ...                   adjust_size=True, adjust_step=True)
     >>> plan.subsample_size, plan.step_scale, round(plan.inflation, 4)
     (849, 1.0, 0.05)
+    >>> steep = plan_noise(sgld_inflation, 0.7, [1e6], 500, 10_000, 0.05, adjust_size=True,
+    ...                    adjust_step=True, exact=True, curvature=3.0)
+    >>> steep.subsample_size, steep.replace, round(steep.step_scale * 0.7, 3)
+    (10000, False, 0.093)
     """
     r = float(np.max(row_noise)) if len(row_noise) else 0.0
     t = float(np.max(row_kick)) if row_kick is not None and len(row_kick) else 0.0
-    noise = lambda m: batch_noise(r, m, N, replace, t)
-    fits = lambda m, s=1.0: inflation(s * step_size, noise(m)) <= tolerance
+    predicted = lambda m, s=1.0: inflation(s * step_size, batch_noise(r, m, N, replace, t), curvature)
+    fits = lambda m, s=1.0: predicted(m, s) <= tolerance
     m = n
     if adjust_size and not fits(m) and max(r, t) > 0:
         lo, hi = n, N   # fits(hi) may be false: then N
@@ -102,8 +127,7 @@ def plan_noise(inflation, step_size: float, row_noise, n: int, N: int, tolerance
                 lo, hi = (lo, mid) if fits(mid) else (mid, hi)
         m = hi
         if exact and replace and not fits(m):
-            return NoisePlan(subsample_size=int(N), step_scale=1.0, inflation=0.0, row_noise=r,
-                             requested=int(n), replace=False, row_kick=t)
+            m, replace = N, False
     scale = 1.0
     if adjust_step and not fits(m):
         lo, hi = 0.0, 1.0
@@ -111,9 +135,8 @@ def plan_noise(inflation, step_size: float, row_noise, n: int, N: int, tolerance
             mid = 0.5 * (lo + hi)
             lo, hi = (mid, hi) if fits(m, mid) else (lo, mid)
         scale = lo
-    return NoisePlan(subsample_size=int(m), step_scale=float(scale),
-                     inflation=float(inflation(scale * step_size, noise(m))),
-                     row_noise=r, requested=int(n), replace=replace, row_kick=t)
+    return NoisePlan(subsample_size=int(m), step_scale=float(scale), inflation=float(predicted(m, scale)),
+                     row_noise=r, requested=int(n), replace=replace, row_kick=t, curvature=float(curvature))
 
 
 def noise_warning(kernel: str, plan: NoisePlan, inflation, step_size: float, N: int, tolerance: float,
@@ -121,19 +144,23 @@ def noise_warning(kernel: str, plan: NoisePlan, inflation, step_size: float, N: 
     """The warning when the user's step and mini-batch size put the predicted inflation above
     ``tolerance``, with a remedy that meets it: the mini-batch size that would (at this step), or,
     where N rows are not enough, the step that would (at this size)."""
-    n = plan.subsample_size
+    n, common = plan.subsample_size, dict(replace=replace, row_kick=[plan.row_kick], curvature=plan.curvature)
     bigger = plan_noise(inflation, step_size, [plan.row_noise], n, N, tolerance, adjust_size=True,
-                        adjust_step=False, replace=replace, row_kick=[plan.row_kick])
+                        adjust_step=False, **common)
     if bigger.inflation <= tolerance:
         remedy = f"subsample_size={bigger.subsample_size} keeps it below {tolerance:.0%} at this step"
     else:
         smaller = plan_noise(inflation, step_size, [plan.row_noise], n, N, tolerance, adjust_size=False,
-                             adjust_step=True, replace=replace, row_kick=[plan.row_kick])
+                             adjust_step=True, **common)
         remedy = f"step_size={smaller.step_scale * step_size:.3g} keeps it below {tolerance:.0%} at this size"
-    return (f"{kernel}: the control-variate gradient noise of {n} rows per mini-batch adds about "
-            f"{plan.inflation:.0%} to the posterior variance at step_size={step_size:.3g} (measured by the "
-            f"warmup; the tolerance is warmup_options['max_noise_inflation'] = {tolerance:g}): the draws "
-            f"will be too wide. Remedy: {remedy}; the defaults (no step_size or "
+    cause = f"the control-variate gradient noise of {n} rows per mini-batch adds"
+    if plan.curvature > 1.0:
+        cause = (f"{cause[:-5]} and the posterior's curvature, up to {plan.curvature:.3g} times the "
+                 "Laplace approximation's a few sds out, add")
+    amount = f"about {plan.inflation:.0%}" if plan.inflation < 10 else "more than 1000%"
+    return (f"{kernel}: {cause} {amount} to the posterior variance at step_size={step_size:.3g} "
+            f"(measured by the warmup; the tolerance is warmup_options['max_noise_inflation'] = {tolerance:g}): "
+            f"the draws will be too wide. Remedy: {remedy}; the defaults (no step_size or "
             "subsample_size) choose such settings themselves.")
 
 
@@ -146,7 +173,7 @@ def kernel_noise_plan(kernel, fit, stacklevel: int = 2) -> NoisePlan | None:
     else the step adapts; a user's step and size are kept, with a ``ConvergenceWarning``
     (:func:`noise_warning`) when they exceed the tolerance."""
     tolerance = kernel.warmup_options.max_noise_inflation
-    if (fit is None or fit.row_noise is None or tolerance is None or kernel.noise_inflation(1.0, 0.0) is None
+    if (fit is None or fit.row_noise is None or tolerance is None or kernel.noise_inflation(1.0, 0.0, 1.0) is None
             or not isinstance(kernel.preconditioner, str) or kernel.gradient != "cv"):
         return None
     default = kernel.step_size is None
@@ -157,7 +184,8 @@ def kernel_noise_plan(kernel, fit, stacklevel: int = 2) -> NoisePlan | None:
     (plate,) = mb.plates
     plan = plan_noise(kernel.noise_inflation, float(step), fit.row_noise, plate.subsample_size, plate.size,
                       tolerance, adjust_size=default and kernel._subsample_size is None, adjust_step=default,
-                      replace=mb.replace, exact=not is_sharded(mb), row_kick=fit.row_kick)
+                      replace=mb.replace, exact=not is_sharded(mb), row_kick=fit.row_kick,
+                      curvature=curvature_of(fit.drift_ratio))
     if plan.inflation > tolerance:
         warnings.warn(noise_warning(type(kernel).__name__, plan, kernel.noise_inflation, float(step), plate.size,
                                     tolerance, mb.replace), ConvergenceWarning, stacklevel=stacklevel)

@@ -289,5 +289,6 @@ class SGBD(GradientKernel):
     def _init_fields(self, noise_sd, hyper, dim, dtype):
         return sgbd_fields(noise_sd, hyper, dim, dtype, adapt=bool(self.adapt_step_size))
 
-    def noise_inflation(self, step_size, noise):
+    def noise_inflation(self, step_size, noise, curvature=1.0):
+        # Barker's moves are bounded: no overshoot where the curvature exceeds the Laplace one
         return None if self.adapt_step_size else sgbd_inflation(step_size, noise)

@@ -167,5 +167,5 @@ class SGHMC(MomentumKernel):
     def step_options(self):
         return super().step_options() | dict(variant=self.variant)
 
-    def noise_inflation(self, step_size, noise):
-        return sghmc_inflation(step_size, noise, self.friction)
+    def noise_inflation(self, step_size, noise, curvature=1.0):
+        return sghmc_inflation(step_size, noise, self.friction, curvature)

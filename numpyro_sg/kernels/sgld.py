@@ -78,11 +78,14 @@ def sgld_move(state, grad_w, noise_sd_w, step_size, key, *, variant="vanilla", c
     return langevin_move(jnp.zeros_like(grad_w), tamed_gradient(grad_w, state.precond), step_size, noise, variance), {}
 
 
-def sgld_inflation(step_size, noise):
-    """ε·c/(4 − ε): the fraction of variance SGLD's stationary distribution gains from gradient
-    noise of variance c per step, on a Gaussian target whitened by the preconditioner
-    (:mod:`numpyro_sg.kernels.noise_plan`; ``inf`` for ε ≥ 4, where the chain is unstable)."""
-    return float("inf") if step_size >= 4.0 else step_size * noise / (4.0 - step_size)
+def sgld_inflation(step_size, noise, curvature=1.0):
+    """(ε·(λ − 1) + ε·c)/(4 − ε·λ): the fraction of variance SGLD's stationary distribution
+    (``correct_discretisation``) gains from gradient noise of variance c per step, on a Gaussian
+    target whitened by the preconditioner whose curvature is λ = ``curvature`` (1: the
+    preconditioner's own; ε·c/(4 − ε) then) (:mod:`numpyro_sg.kernels.noise_plan`; ``inf`` for
+    ε·λ ≥ 4, where the chain is unstable)."""
+    room = 4.0 - step_size * curvature
+    return float("inf") if room <= 0 else step_size * (curvature - 1.0 + noise) / room
 
 
 def sgld_fields(noise_sd, hyper, dim, dtype):
@@ -217,5 +220,5 @@ class SGLD(GradientKernel):
     def _init_fields(self, noise_sd, hyper, dim, dtype):
         return sgld_fields(noise_sd, hyper, dim, dtype)
 
-    def noise_inflation(self, step_size, noise):
-        return sgld_inflation(step_size, noise)
+    def noise_inflation(self, step_size, noise, curvature=1.0):
+        return sgld_inflation(step_size, noise, curvature)
