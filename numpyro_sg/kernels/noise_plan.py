@@ -28,7 +28,7 @@ with the exact gradient: the draws come out too wide, by tens of percent (a mult
 collinear covariates with 30–45 sd outliers, at 10⁵ rows).  The warmup measures how steep the
 gradient is at the Laplace draws, λ̂ (:attr:`~numpyro_sg.infer.warmup_options.ModeFit.drift_ratio`),
 and the linear kernels' predictions are those for a whitened Gaussian of curvature
-λ = max(1, λ̂ − 0.25) (the margin: λ̂ was 0.92–1.11 on Gaussian-looking posteriors of censored
+λ = max(1, λ̂ − 0.25) (the margin: λ̂ was 1.00–1.11 on Gaussian-looking posteriors of censored
 survival, gamma, Poisson, Student-t and negative binomial regressions):
 SGLD (4 − ε + ε·c)/(4 − ε·λ) − 1 and SGHMC (4 − 2α − η + η·c·(2 − α)/α)/(4 − 2α − η·λ) − 1, the
 same as above at λ = 1.  SGBD's bounded moves do not overshoot, and its prediction keeps λ = 1.
