@@ -189,8 +189,9 @@ def test_above_hessian_rows_ends_near_the_mode_keep_their_log_density():
     np.testing.assert_allclose(rows.start_log_densities, exact.start_log_densities, atol=0.5)
     assert rows.converged and np.max(np.abs(np.asarray(rows.mode) - np.asarray(exact.mode))) < 1e-3
     # passes over all the data: the Newton steps' alone (the usual start is checked on the rows too;
-    # with every row: + the start's, the starts' round's and the main phase's ends')
-    assert rows.data_passes == rows.newton_steps and exact.data_passes == exact.newton_steps + 3
+    # with every row: + the start's, the starts' round's and the main phase's ends', and the
+    # gradient at the drift ratio's probes)
+    assert rows.data_passes == rows.newton_steps and exact.data_passes == exact.newton_steps + 4
 
 
 def test_the_starts_report_their_rounds():

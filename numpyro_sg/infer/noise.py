@@ -139,9 +139,15 @@ def drift_ratio(gradient_changes, xi, chol) -> float:
     (k, d)): 1 on a Gaussian posterior N(x̂, L·Lᵀ) (Lᵀ·Δg = −ξ), above 1 where the curvature a
     Langevin chain meets a few Laplace sds out exceeds the mode's (a saturating link whose few
     rows tens of sds out are fitted at the mode), as a whitened Gaussian target of curvature λ̂.
+    Probes whose gradient is not finite (outside the support, or overflowing) do not count; with
+    none left, 1.
 
     >>> drift_ratio(np.array([[-2.0, 0.0], [0.0, -1.0]]), np.array([[1.0, 0.0], [0.0, 1.0]]), np.eye(2))
     2.0
     """
-    whitened = np.asarray(gradient_changes, np.float64) @ np.asarray(chol, np.float64)
-    return float(np.max(np.linalg.norm(whitened, axis=1) / np.linalg.norm(xi, axis=1)))
+    changes = np.asarray(gradient_changes, np.float64)
+    finite = np.all(np.isfinite(changes), axis=1)
+    if not finite.any():
+        return 1.0
+    whitened = changes[finite] @ np.asarray(chol, np.float64)
+    return float(np.max(np.linalg.norm(whitened, axis=1) / np.linalg.norm(np.asarray(xi)[finite], axis=1)))

@@ -122,11 +122,10 @@ class _WarmupPrograms:
         """(log π, ∇ log π) at each row of xs (S, d) on the Hessian's rows: exact where they are all the data
         (:meth:`full_value_and_grad_many`), else log p(x) + (N/m)·Σ_{i∈rows} log f_i(x), a point at a time (the memory
         of one Hessian-vector product), xs padded to a round of starts (one program): m rows a point, not N."""
-        if self.exact_rows:
-            return self.full_value_and_grad_many(xs)
         values = lambda ys, a, k: jax.lax.map(jax.value_and_grad(lambda y: self.log_density(a, k)(y, self.rows)), ys)
         k, width = len(xs), max(1, min(self.options.starts_per_round, self.options.num_starts))
-        out = self._jit(values, "rows_value_and_grad_many")(padded_rows(np.asarray(xs, self.dtype), max(k, width)))
+        padded = padded_rows(np.asarray(xs, self.dtype), max(k, width))
+        out = self.full_value_and_grad_many(padded) if self.exact_rows else self._jit(values, "rows_value_and_grad_many")(padded)
         return tuple(a[:k] for a in out)
 
     def on_full_scale(self, starts: tuple, x, value: float, grad, gap: float, width: int, screen=None) -> tuple:

@@ -43,7 +43,7 @@ from numpyro_sg.kernels.chain_start import ChainStart, search_trace_key
 from numpyro_sg.kernels.options import MINIBATCH_MOVES, check_choice, moved_options
 from numpyro_sg.kernels.core import gradient_init
 from numpyro_sg.kernels.data_cache import PerDataCache
-from numpyro_sg.kernels.noise_plan import kernel_noise_plan
+from numpyro_sg.kernels.noise_plan import kernel_noise_plan, slow_chain_remedy
 from numpyro_sg.locals.fitting import anchor_gradient, log_marginal_batcher
 from numpyro_sg.locals.model import integrate_locals
 from numpyro_sg.kernels.report import chain_moments, excursion_report, frozen_chains, frozen_report, misfit_report
@@ -235,18 +235,10 @@ class GradientKernel(SGKernel):
         return self.DEFAULT_STEP_SIZE * (1.0 if plain or plan is None else plan.step_scale)
 
     def slow_chain_remedy(self) -> str | None:
-        """Where the :attr:`noise_plan` shrank the default step: a longer run, not a larger step."""
+        """Where the :attr:`noise_plan` shrank the default step: :func:`~numpyro_sg.kernels.noise_plan.slow_chain_remedy`."""
         plan = self.noise_plan
-        if self.step_size is not None or plan is None or plan.step_scale >= 1.0:
-            return None
-        why = ("the posterior is steeper a few sds out than its Laplace approximation, "
-               "kernel.mode_fit.drift_ratio" if plan.curvature > 1.0 else "the gradient noise of "
-               f"{plan.subsample_size} rows per mini-batch, kernel.noise_plan")
-        sgbd = ("; or numpyro_sg.SGBD on the same model, whose bounded moves keep their default step there"
-                if plan.curvature > 1.0 and not self.BOUNDED_MOVES else "")
-        return (f"a longer num_warmup and num_samples: the default step was shrunk to {self.default_step_size():.3g} "
-                f"({why}), so the chains move slowly, and a larger step_size would widen the draws{sgbd}; "
-                "compare with NUTS (numpyro_sg.nuts_reference) when it is affordable")
+        return None if self.step_size is not None or plan is None else slow_chain_remedy(
+            plan, self.default_step_size(), self.BOUNDED_MOVES)
 
     def noise_inflation(self, step_size, noise, curvature=1.0):
         """The variance fraction noise c adds at ``step_size`` on a whitened Gaussian of curvature

@@ -164,6 +164,23 @@ def noise_warning(kernel: str, plan: NoisePlan, inflation, step_size: float, N: 
             "subsample_size) choose such settings themselves.")
 
 
+def slow_chain_remedy(plan: NoisePlan, step_size: float, bounded: bool) -> str | None:
+    """The remedies for chains that did not converge when the plan shrank the default step (to
+    ``step_size``; ``None`` where it did not): a longer run, not the larger step that the generic
+    remedies suggest for slow chains; where the curvature shrank it and the kernel's moves are not
+    ``bounded``, SGBD."""
+    if plan.step_scale >= 1.0:
+        return None
+    why = ("the posterior is steeper a few sds out than its Laplace approximation, kernel.mode_fit.drift_ratio"
+           if plan.curvature > 1.0 else f"the gradient noise of {plan.subsample_size} rows per mini-batch, "
+           "kernel.noise_plan")
+    sgbd = ("; or numpyro_sg.SGBD on the same model, whose bounded moves keep their default step there"
+            if plan.curvature > 1.0 and not bounded else "")
+    return (f"a longer num_warmup and num_samples: the default step was shrunk to {step_size:.3g} ({why}), so "
+            f"the chains move slowly, and a larger step_size would widen the draws{sgbd}; compare with NUTS "
+            "(numpyro_sg.nuts_reference) when it is affordable")
+
+
 def kernel_noise_plan(kernel, fit, stacklevel: int = 2) -> NoisePlan | None:
     """A gradient kernel's plan from its warmup's ``fit``: ``None`` where nothing was measured
     (``fit.row_noise``), the tolerance is off, the kernel has no prediction
