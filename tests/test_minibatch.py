@@ -135,6 +135,18 @@ def test_without_replacement_of_the_whole_plate_is_every_row_in_order():
     assert after is batch
 
 
+def test_a_subsample_of_every_row_is_the_full_data(logistic_data):
+    """``subsample_size=N`` is the full data, as in NumPyro's plate: the noise plan sees the
+    exact gradient (no noise, no step cut), not N rows drawn with replacement (whose noise it
+    predicted and warned about)."""
+    X, y = logistic_data
+    kernel = nsg.SGLD(logistic_model, subsample_size=len(y))
+    MCMC(kernel, num_warmup=5, num_samples=5, progress_bar=False).run(jax.random.PRNGKey(3), X, y)
+    plan = kernel.noise_plan
+    assert (plan.replace, plan.subsample_size, plan.step_scale) == (False, len(y), 1.0), plan
+    assert plan.inflation < 0.01, plan
+
+
 # -- bad input -----------------------------------------------------------------------------
 
 

@@ -60,7 +60,8 @@ def make_minibatcher(model: Callable, plates, replace: bool, model_args=(), mode
     """
     shards = find_data_shards(model_args, model_kwargs or {}, plates)
     if shards is None:
-        return Minibatcher(model, plates, replace=replace)
+        # a subsample of every row is the full data, as in NumPyro's plate: not N draws with replacement
+        return Minibatcher(model, plates, replace=replace and any(p.subsample_size < p.size for p in plates))
     check_not_parallel(model_args, model_kwargs, traced)
     if not replace:
         raise ValueError("sharded data: each device draws its mini-batch rows with replacement; "

@@ -60,8 +60,7 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
     subsample plate) is sampled jointly, every group's locals included, and its KSD and ``stein``
     group are the globals' marginal's (locals integrated out, as the gradient kernels sample it).
 
-    :param model: the NumPyro model (with or without subsample plates).
-    :param model_args: the model's positional arguments (the data); ``model_kwargs``: its keywords.
+    :param model: the NumPyro model; ``model_args`` and ``model_kwargs``: its arguments (the data).
     :param cache_dir: when given, the result is stored there as netCDF and reused by later
         calls with the same model source, data (hashed bytes), settings and versions. Data
         captured in a closure are not part of the key: pass data as arguments.
@@ -70,7 +69,8 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
         funnel can bias NUTS silently; :func:`~numpyro_sg.locals.posterior.joint_model`).
     :param start: ``None`` (NumPyro's default start), ``"mode"`` (the warmup's multi-start
         mode: a mixture's default start can settle in a lower mode) or a ``ModeFit``
-        (``kernel.mode_fit``; :mod:`~numpyro_sg.results.reference_start`).
+        (``kernel.mode_fit``), with the Laplace covariance there as NUTS's initial inverse mass
+        (:mod:`~numpyro_sg.results.reference_start`: affordable on collinear covariates).
     :param nuts_kwargs: passed to ``numpyro.infer.NUTS`` (``target_accept_prob``, …).
 
     **Example:**
@@ -97,8 +97,8 @@ def nuts_reference(model: Callable, *model_args, model_kwargs: dict | None = Non
         return idata
     if path is not None:
         check_netcdf_writable(path.parent)  # before NUTS runs, not after
-    if start is not None and "init_strategy" not in nuts_kwargs:
-        nuts_kwargs["init_strategy"] = reference_start(model, model_args, model_kwargs, start)
+    nuts_kwargs = {**reference_start(model, model_args, model_kwargs, start, nuts_kwargs.get("dense_mass", False)),
+                   **nuts_kwargs}
     idata = _run_nuts(model, model_args, model_kwargs, rng_key, ksd_draws, decentre_locals, nuts_kwargs,
                       dict(num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
                            chain_method=chain_method, progress_bar=progress_bar))
