@@ -120,3 +120,23 @@ def test_the_warmup_of_a_model_with_batched_lapack_calls_finishes():
     mcmc = MCMC(nsg.SGLD(mvn_model), num_warmup=20, num_samples=50, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), y, z)
     np.testing.assert_allclose(mcmc.get_samples()["mu"].mean(0), [1.0, -1.0], atol=0.05)
+
+
+
+@pytest.mark.skipif(not lapack_pool_can_deadlock(), reason="this jaxlib's LAPACK kernels cannot deadlock")
+def test_per_row_maps_keep_each_batched_solve_below_the_pools_size():
+    """The warmup's per-row gradients (:func:`~numpyro_sg.infer.noise.row_noise_covariance`)
+    ``lax.map`` over the rows 1,024 at a time, and each row evaluates the whole model, its prior's
+    solves included: a MovieLens-shaped mixed model (a 6×6 Cholesky factor in its prior) hung there
+    for good at 10⁶ ratings on jaxlib 0.10 (every XLA thread waiting in a batched ``strsm``).
+    :func:`~numpyro_sg.infer.lapack_guard.map_in_batches` keeps each batched call below
+    :data:`~numpyro_sg.infer.lapack_guard.SAFE_BATCH_FLOPS`, as ``map_over_draws`` does."""
+    from numpyro_sg.infer.lapack_guard import SAFE_BATCH_FLOPS, lapack_flops, map_in_batches
+
+    L = jnp.tril(jnp.ones((8, 8))) + 8 * jnp.eye(8)
+    fn = lambda v: solve_triangular(L, v, lower=True)
+    xs = jnp.ones((2048, 8, 8))   # a matrix solve per row, as the prior of a Cholesky factor makes
+    plain = lapack_flops(jax.make_jaxpr(lambda a: jax.lax.map(fn, a, batch_size=1024))(xs).jaxpr)
+    guarded = jax.make_jaxpr(lambda a: map_in_batches(fn, a, 1024))(xs)
+    assert plain > 4 * SAFE_BATCH_FLOPS >= 4 * lapack_flops(guarded.jaxpr) > 0
+    np.testing.assert_allclose(map_in_batches(fn, xs, 1024), jax.vmap(fn)(xs), rtol=1e-6)

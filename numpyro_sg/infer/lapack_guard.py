@@ -13,7 +13,8 @@ vectorised over many draws: the batch is draws × rows.
 LAPACK, where it is a ``lax.map`` over groups of points, each group's calls a quarter of that
 size (one point at a time when one point's call is already that large).  Every program that
 evaluates a model at several parameter points uses it: full-data scores of draws, the warmup's
-multi-start passes and ascents, vectorised chains and tuning arms.
+multi-start passes and ascents, vectorised chains and tuning arms; the warmup's per-row
+gradients, where each row evaluates the whole model, use :func:`map_in_batches`.
 """
 
 from __future__ import annotations
@@ -81,3 +82,14 @@ def map_over_draws(fn: Callable, *batched_args):
         if per_group is not None and per_group < size:
             return jax.lax.map(lambda a: fn(*a), batched_args, batch_size=per_group if per_group > 1 else None)
     return jax.vmap(fn)(*batched_args)
+
+
+def map_in_batches(fn: Callable, xs, batch_size: int):
+    """``jax.lax.map(fn, xs, batch_size=batch_size)``, the batch cut as :func:`map_over_draws`
+    cuts it where :func:`lapack_pool_can_deadlock` and ``fn`` calls LAPACK (the warmup's
+    per-row gradients: each row evaluates the whole model, its prior's solves included)."""
+    if lapack_pool_can_deadlock():
+        flops = lapack_flops(jax.make_jaxpr(jax.vmap(fn))(jax.tree.map(lambda a: a[:1], xs)).jaxpr)
+        if flops:
+            batch_size = min(batch_size, max(1, SAFE_BATCH_FLOPS // flops))
+    return jax.lax.map(fn, xs, batch_size=batch_size if batch_size > 1 else None)

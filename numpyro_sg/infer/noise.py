@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from numpyro_sg.infer.lapack_guard import map_in_batches
+
 #: the group-mean noise estimate uses at most this many groups (largest divisor of n up to it)
 MAX_GROUPS = 16
 #: per-datum gradients (exact small-d behaviour) while n·d is at most this (4 MB of float32)
@@ -94,7 +96,7 @@ def row_noise_covariance(log_density, plate_name: str, rows, x, anchor, frame, b
     def delta(i):
         g = jax.vmap(lambda z: jax.grad(log_density)(z, {plate_name: i[None]}))(both)
         return g[0] - g[1]
-    deltas = jax.lax.map(delta, rows, batch_size=batch_size)
+    deltas = map_in_batches(delta, rows, batch_size)
     mean = jnp.mean(deltas, axis=0)
     centred = deltas - mean
     largest = jnp.max(jnp.abs(centred @ frame), axis=0) / jnp.sqrt(jnp.diag(frame))
