@@ -6,9 +6,9 @@ settle in a lower mode — merged components of a mixture — and look converged
 * :func:`reference_start`: ``nuts_reference(..., start="mode")`` starts the chains at the
   mode the warmup's multi-start search finds (:func:`~numpyro_sg.infer.warmup.fit_model_mode`),
   or at a :class:`~numpyro_sg.infer.warmup.ModeFit` already computed (``kernel.mode_fit``),
-  with the Laplace covariance as NUTS's initial inverse mass matrix (the globals of a model
-  without local latents): on collinear covariates NUTS's own adaptation from a unit mass can
-  spend its warmup at tree depth 10 and end far from the posterior;
+  with the Laplace covariance as NUTS's initial inverse mass matrix (a model without local
+  latents): on collinear covariates NUTS's own adaptation from a unit mass can spend its
+  warmup at tree depth 10 and end far from the posterior;
 * :func:`log_density_check`: :func:`numpyro_sg.compare_to_reference` compares the mean full-data
   log density of the two runs' scored draws.  Draws of one posterior share it up to noise;
   a run collapsed onto the mode lies at most d/2 nats above the posterior's mean (the mean of
