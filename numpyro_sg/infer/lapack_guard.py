@@ -87,9 +87,12 @@ def map_over_draws(fn: Callable, *batched_args):
 def map_in_batches(fn: Callable, xs, batch_size: int):
     """``jax.lax.map(fn, xs, batch_size=batch_size)``, the batch cut as :func:`map_over_draws`
     cuts it where :func:`lapack_pool_can_deadlock` and ``fn`` calls LAPACK (the warmup's
-    per-row gradients: each row evaluates the whole model, its prior's solves included)."""
-    if lapack_pool_can_deadlock():
-        flops = lapack_flops(jax.make_jaxpr(jax.vmap(fn))(jax.tree.map(lambda a: a[:1], xs)).jaxpr)
-        if flops:
-            batch_size = min(batch_size, max(1, SAFE_BATCH_FLOPS // flops))
-    return jax.lax.map(fn, xs, batch_size=batch_size if batch_size > 1 else None)
+    per-row gradients: each row evaluates the whole model, its prior's solves included); ``fn``
+    is traced once, on one element, whichever path is taken."""
+    closed, shapes = jax.make_jaxpr(fn, return_shape=True)(jax.tree.map(lambda a: a[0], xs))
+    flops = lapack_flops(closed.jaxpr) if lapack_pool_can_deadlock() else 0
+    if flops:
+        batch_size = min(batch_size, max(1, SAFE_BATCH_FLOPS // flops))
+    run, structure = jax.extend.core.jaxpr_as_fun(closed), jax.tree.structure(shapes)
+    one = lambda x: jax.tree.unflatten(structure, run(*jax.tree.leaves(x)))
+    return jax.lax.map(one, xs, batch_size=batch_size if batch_size > 1 else None)
