@@ -128,7 +128,7 @@ def test_per_row_maps_keep_each_batched_solve_below_the_pools_size():
     """The warmup's per-row gradients (:func:`~numpyro_sg.infer.noise.row_noise_covariance`)
     ``lax.map`` over the rows 1,024 at a time, and each row evaluates the whole model, its prior's
     solves included: a MovieLens-shaped mixed model (a 6×6 Cholesky factor in its prior) hung there
-    for good at 10⁶ ratings on jaxlib 0.10 (every XLA thread waiting in a batched ``strsm``).
+    for good at 10⁶ ratings on jaxlib 0.10 (XLA's threads all waiting, one inside a batched ``strsm``).
     :func:`~numpyro_sg.infer.lapack_guard.map_in_batches` keeps each batched call below
     :data:`~numpyro_sg.infer.lapack_guard.SAFE_BATCH_FLOPS`, as ``map_over_draws`` does."""
     from numpyro_sg.infer.lapack_guard import SAFE_BATCH_FLOPS, lapack_flops, map_in_batches
