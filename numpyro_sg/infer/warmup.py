@@ -273,7 +273,7 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
     start_time = time.perf_counter()
     dtype = jnp.result_type(float)
     d = ravel_pytree(info.unconstrained_example())[0].shape[0]
-    options = (options or WarmupOptions()).resolved(d)
+    options = (options or WarmupOptions()).resolved(d, local_latents=hasattr(mb.model, "sampled"))  # a MarginalModel
     key_opt, key_hess, key_probe = random.split(random.PRNGKey(options.seed), 3)
     rows = mb.random_rows(options.hessian_rows, key_hess)
     programs = _WarmupPrograms(mb, unravel, model_args, model_kwargs or {}, options, rows,

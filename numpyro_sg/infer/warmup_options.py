@@ -98,7 +98,10 @@ class WarmupOptions(Options):
         Default 32 up to ``dense_max`` coordinates, 8 above (:meth:`resolved`): on a
         three-component Gaussian mixture with components at −10, 0 and 10 each start reaches
         the highest mode's basin with a probability of only a few percent (the others merge
-        two components or empty one), and 8 starts missed it where 32 found it.
+        two components or empty one), and 8 starts missed it where 32 found it.  With local
+        latents one round (``starts_per_round``): every start's ascent there is a pass of
+        per-group fits, and the first round's curvature check never settles a hierarchical
+        posterior (indefinite at its dispersed starts), so all 32 used to run.
     :param int starts_per_round: starts run at a time, by one compiled program of this width
         (default 8); the main Adam phase continues this many best end points in the same
         program and keeps the best.
@@ -181,13 +184,15 @@ class WarmupOptions(Options):
             return interactive()
         return bool(self.progress_bar)
 
-    def resolved(self, d: int) -> "WarmupOptions":
-        """These options with the defaults that depend on the model's dimension d filled in
-        (``num_starts``, ``newton_steps``: more where d ≤ ``dense_max``, where they are cheap)."""
+    def resolved(self, d: int, local_latents: bool = False) -> "WarmupOptions":
+        """These options with the defaults that depend on the model filled in: ``num_starts``
+        and ``newton_steps`` (more where d ≤ ``dense_max``, where they are cheap); with
+        ``local_latents`` (a plate of groups whose locals are integrated out) one round of
+        ``starts_per_round`` starts."""
         small = d <= self.dense_max
-        num_starts = self.num_starts if self.num_starts is not None else (32 if small else 8)
+        default_starts = self.starts_per_round if local_latents else (32 if small else 8)
         return dataclasses.replace(
-            self, num_starts=num_starts,
+            self, num_starts=self.num_starts if self.num_starts is not None else default_starts,
             newton_steps=self.newton_steps if self.newton_steps is not None else (30 if small else 8))
 
     def optimizer_plan(self, d: int, sizes, min_batch: int = 1000) -> tuple:
