@@ -154,6 +154,11 @@ HEAVY = (
     # check that each batched call stays below the pool's size (map_over_draws, map_in_batches)
     # and that the scores of such a model finish
     "tests/test_lapack_guard.py::test_the_warmup_of_a_model_with_batched_lapack_calls_finishes",
+    # 23-44 s on 2 cores, with siblings here: the Newton steps on importance-sampled locals (the
+    # Poisson random-intercept model against NUTS runs the same warmup) and the 32 starts on a
+    # wide mixture (the mixture tests from any seed and against NUTS need them too)
+    "tests/test_local_latents.py::test_newton_converges_on_importance_sampled_locals",
+    "tests/test_mode_search.py::test_mode_search_finds_well_separated_mixture_components",
 )
 
 #: what the current stack (Python 3.12/3.13, today's JAX, NumPyro and ArviZ 1.x) runs of the test
