@@ -190,7 +190,30 @@ def jackknifed_log_mean_exp(logw):
     rest = jnp.where(top, 1.0, jnp.sum(e, axis=0) - e)
     without_top = logsumexp(jnp.where(top, -jnp.inf, logw), axis=0)
     leave_one_out = jnp.where(top, without_top, shift + jnp.log(rest)) - math.log(m - 1)   # (m, n)
-    return m * full - (m - 1) * jnp.mean(leave_one_out, axis=0)
+    jackknifed = m * full - (m - 1) * jnp.mean(leave_one_out, axis=0)
+    # a group with one draw of positive weight has no leave-one-out estimate without it
+    return jnp.where(jnp.sum(jnp.isfinite(logw), axis=0) >= 2, jackknifed, full)
+
+
+#: importance draws farther than this from the conditional mode, in units of the Laplace scale
+#: (Mahalanobis distance under −H_g), are dropped (weight 0) and never evaluated
+TAIL_RADIUS = 20.0
+
+
+def log_joint_within_radius(f: Callable, draws, bhat, C, radius: float = TAIL_RADIUS):
+    """``f`` at each draw (m, n, k) → (m, n), −∞ for draws more than ``radius`` Laplace scales
+    from the mode ``bhat`` (C the Cholesky factor of −H_g there), which are evaluated at the mode.
+
+    The Student-t(4) proposal puts one draw in 4·10⁶ beyond 70 scales (one local), and there the
+    likelihood or its derivative can overflow (a log link's exp(η) at η ≈ −60 in float32: a finite
+    value, a NaN derivative of the rate φ/μ). The draw's weight is 0 to float precision, yet the
+    chain rule multiplies that 0 by an infinite partial and the θ-gradient of the whole
+    mini-batch becomes NaN (the divergence guard then freezes the chain). Dropping such draws makes
+    the estimate one of the integral over the ball of that radius: a conditional whose mass
+    beyond 20 Laplace scales matters is far from anything the Laplace-scaled proposal can serve."""
+    dist2 = jnp.sum(jnp.einsum("nji,mnj->mni", C, draws - bhat) ** 2, axis=-1)   # |Cᵀ(b − b̂)|²
+    inside = dist2 <= radius**2
+    return jnp.where(inside, jax.vmap(f)(jnp.where(inside[..., None], draws, bhat)), -jnp.inf)
 
 
 def importance_marginal(f: Callable, n: int, k: int, dtype, key, num_draws: int,
@@ -203,7 +226,7 @@ def importance_marginal(f: Callable, n: int, k: int, dtype, key, num_draws: int,
     """
     bhat, C = conditional_mode(f, n, k, dtype, newton_steps)
     draws, logq = student_t_draws(key, bhat, C, num_draws, df)
-    logp = jax.vmap(f)(draws)                                   # (m, n)
+    logp = log_joint_within_radius(f, draws, bhat, C)            # (m, n)
     logw = logp - logq
     value = jackknifed_log_mean_exp(logw)
     wbar = jax.lax.stop_gradient(jax.nn.softmax(logw, axis=0))  # (m, n)
@@ -240,6 +263,6 @@ def resampled_draw(f: Callable, n: int, k: int, dtype, key, num_draws: int, df: 
     key_draws, key_pick = random.split(key)
     bhat, C = conditional_mode(f, n, k, dtype, newton_steps)
     draws, logq = student_t_draws(key_draws, bhat, C, num_draws, df)
-    logw = jax.vmap(f)(draws) - logq                                 # (m, n)
+    logw = log_joint_within_radius(f, draws, bhat, C) - logq        # (m, n)
     pick = random.categorical(key_pick, logw, axis=0)                # (n,)
     return jnp.take_along_axis(draws, pick[None, :, None], axis=0)[0]
