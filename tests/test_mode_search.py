@@ -111,6 +111,22 @@ def test_a_glm_settles_after_one_round_of_starts():
     np.testing.assert_allclose(fit.mode, every.mode, atol=1e-3 * float(np.max(fit.scales)) + 1e-4)
 
 
+def test_a_single_round_of_starts_skips_the_concavity_check(monkeypatch):
+    """With ``num_starts`` ≤ ``starts_per_round`` (a model with local latents by default) there is
+    no later round to skip, so the first round's concavity check, a full-data Hessian per start
+    until one is indefinite (41 s each on the ten-million-rating mixed model), is not run."""
+    from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
+    from numpyro_sg.infer import warmup
+
+    calls = []
+    monkeypatch.setattr(warmup, "first_round_concave", lambda *a, **k: calls.append(1) or True)
+    X, y, _ = simulate_logistic_regression(num_data=500, dim=3)
+    fit, _, _ = fit_model_mode(logistic_regression_model, (X, y), options=WarmupOptions(num_starts=8))
+    assert len(fit.start_log_densities) == 8 and not calls
+    fit_model_mode(logistic_regression_model, (X, y), options=WarmupOptions(num_starts=16))
+    assert calls   # two rounds: checked
+
+
 def test_an_ill_conditioned_log_concave_posterior_converges_and_reports_its_condition_number():
     """Three covariates that are one up to 1 % noise, one of them 1,000 times larger than the
     others, and a 30-sd outlier: a log-concave posterior whose curvature has a condition number

@@ -355,7 +355,7 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
                                   random.fold_in(key_opt, 3))
         small = options.start_batches(d, batches)
         settled = partial(first_round_concave, curvature=lambda y: programs.dense_curvature(jnp.asarray(y))
-                          ) if options.settle_early else None
+                          ) if options.settle_early and options.num_starts > width else None  # one round: nothing to settle
         values, grads, ends = explore_starts(
             starts, lambda xs, keys: programs.adam_many(xs, keys, options.start_steps,
                                                         options.start_learning_rate, small),

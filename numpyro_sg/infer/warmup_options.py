@@ -109,7 +109,8 @@ class WarmupOptions(Options):
         posterior — every end finite and −H positive definite at every start
         (:func:`~numpyro_sg.infer.multistart.first_round_concave`, up to 64 coordinates) — as
         a GLM's does (default ``True``): its starts all climb to its one mode.  A mixture's
-        dispersed starts meet indefinite curvature and every round runs.
+        dispersed starts meet indefinite curvature and every round runs.  Not checked when
+        ``num_starts`` ≤ ``starts_per_round`` (one round).
     :param int start_steps: Adam steps per start (default 200).
     :param int start_batch_size: their mini-batch size (at most the plate's n); default: the
         main phase's up to ``dense_max`` coordinates (then both phases share one compiled
