@@ -159,6 +159,17 @@ HEAVY = (
     # wide mixture (the mixture tests from any seed and against NUTS need them too)
     "tests/test_local_latents.py::test_newton_converges_on_importance_sampled_locals",
     "tests/test_mode_search.py::test_mode_search_finds_well_separated_mixture_components",
+    # 14-23 s each on 2 cores (the test command measured 1,297 s on CI, over its 20 minutes), each
+    # with a sibling in the test command on the same code path: vectorised chains after
+    # MCMC.warmup (NumPyro's progress text aside, the case without it), the group noise estimate
+    # (the case without control variates), SparseAsync's exact one-update step (the excluded
+    # point and the generic path), a warned step size's remedy (the defaults' mini-batch choice
+    # under the same noise plan) and a pure step in a user's scan (ESGLD's case)
+    "tests/test_kernels.py::test_vectorised_chains_show_their_text_and_run_after_mcmc_warmup[True]",
+    "tests/test_bpmf_speed.py::test_group_noise_sd_equals_group_estimators[True-False]",
+    "tests/test_sparse_async.py::test_async_with_one_update_and_second_order_is_exact[current-auto]",
+    "tests/test_noise_plan.py::test_a_users_step_and_size_are_kept_with_a_warning_whose_remedy_meets_the_tolerance",
+    "tests/test_functional.py::test_sparse_asyncs_pure_step_in_a_users_scan_gives_mcmcs_draws",
 )
 
 #: what the current stack (Python 3.12/3.13, today's JAX, NumPyro and ArviZ 1.x) runs of the test
