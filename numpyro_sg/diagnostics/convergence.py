@@ -3,9 +3,10 @@ r"""Convergence checks: no silent failure after ``MCMC.run``.
 :func:`check_convergence` computes, for every continuous latent site of a run, over the kept
 draws:
 
-* the rank-normalised split-R̂ (``arviz.rhat``) — the chains (and the halves of each chain)
+* the rank-normalised split-R̂ (``arviz.rhat``'s, computed for all coordinates at once by
+  :mod:`numpyro_sg.diagnostics.chain_statistics`) — the chains (and the halves of each chain)
   disagree when it exceeds ``rhat_max`` (1.05);
-* the bulk effective sample size (``arviz.ess``) — too few independent draws below
+* the bulk effective sample size (``arviz.ess``'s, likewise) — too few independent draws below
   ``ess_min`` (100);
 * the *drift* of each chain: the difference between the means of the first and the last third
   of its draws, in units of the site's posterior sd (the sd of all kept draws) — a chain
@@ -26,6 +27,8 @@ import warnings
 
 import numpy as np
 import pandas as pd
+
+from numpyro_sg.diagnostics.chain_statistics import ess_bulk, rank_rhat
 
 #: at most this many coordinates per site are checked (evenly spaced) — R̂/ESS cost per coordinate
 MAX_COORDINATES = 1000
@@ -87,8 +90,6 @@ def bulk_ess(x: np.ndarray, quantile: float = 0.0, max_coordinates: int = 64) ->
     :return: the quantile over the non-constant coordinates; 0.0 when every coordinate is
         constant or a draw is not finite (a frozen or diverged chain has no effective draws).
     """
-    import arviz as az
-
     x = np.asarray(x, np.float64)
     if x.ndim != 3 or x.shape[1] < 4:
         raise ValueError(f"x must have shape (chains, draws ≥ 4, k); got {x.shape}.")
@@ -99,9 +100,7 @@ def bulk_ess(x: np.ndarray, quantile: float = 0.0, max_coordinates: int = 64) ->
     x = x[..., x.reshape(-1, x.shape[-1]).std(axis=0) > 0]  # constant coordinates: no information
     if x.shape[-1] == 0:
         return 0.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # constant coordinates: arviz warns and gives NaN
-        ess = np.asarray(az.ess(az.convert_to_dataset({"x": x}), method="bulk")["x"].values, np.float64)
+    ess = ess_bulk(x)
     ess = ess[np.isfinite(ess)]
     return float(np.quantile(ess, quantile)) if ess.size else 0.0
 
@@ -122,8 +121,6 @@ def convergence_table(samples: dict) -> pd.DataFrame:
         chains' means, in within-chain sds) and ``far_chain`` (that chain; NaN and −1 when a
         draw is not finite).
     """
-    import arviz as az
-
     rows = {}
     for name, values in samples.items():
         values = np.asarray(values)
@@ -133,13 +130,7 @@ def convergence_table(samples: dict) -> pd.DataFrame:
         if not np.all(np.isfinite(x)):
             rows[name] = dict(r_hat=np.inf, ess_bulk=0.0, drift=np.inf, worst=0, separation=np.nan, far_chain=-1)
             continue
-        data = az.convert_to_dataset({"x": x})
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # constant coordinates: arviz warns and gives NaN
-            # one chain: R̂ is NaN (no split-R̂ within a chain), which ArviZ 0.23 also logs as a warning
-            rhat = np.asarray(az.rhat(data)["x"].values, np.float64).reshape(-1) if x.shape[0] > 1 \
-                else np.full(x.shape[-1], np.nan)
-            ess = np.asarray(az.ess(data, method="bulk")["x"].values, np.float64).reshape(-1)
+        rhat, ess = rank_rhat(x), ess_bulk(x)   # NaN R̂ for one chain or a constant coordinate
         drift = _drift(x)
         rhat_ok = np.where(np.isfinite(rhat), rhat, 1.0)
         separation, far = _separation(x)

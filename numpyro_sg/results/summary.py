@@ -9,7 +9,8 @@ import arviz as az
 import numpy as np
 import pandas as pd
 
-from numpyro_sg.arviz_compat import has_group
+from numpyro_sg.arviz_compat import ARVIZ_MAJOR, has_group
+from numpyro_sg.diagnostics.chain_statistics import summary_diagnostics
 from numpyro_sg.diagnostics.model_scores import STEIN_GROUP, ksd_of_stein, resolve_run_scales, stein_of
 from numpyro_sg.results.chains import without_diverged
 from numpyro_sg.results.inference_data import to_inference_data
@@ -64,13 +65,49 @@ def posterior_summary(idata, *, preconditioner="stored", model=None, model_args=
     with warnings.catch_warnings():
         if _has_constant_coordinates(idata):  # (an LKJ factor's fixed entries): NaN r_hat, no warning
             warnings.filterwarnings("ignore", "invalid value encountered", RuntimeWarning)
-        table = az.summary(idata, **kwargs)
+        table = _summary(idata, kwargs)
     if has_group(idata, STEIN_GROUP) or model is not None:
         per_coord = _per_coordinate_ksd(idata, preconditioner, stored, model, model_args, model_kwargs)
         table["ksd"] = per_coord.reindex(table.index)
     probs = _inclusion_probs(idata)
     if probs is not None:
         table["inclusion_prob"] = pd.Series(probs).reindex(table.index)
+    return table
+
+
+#: ``arviz.summary`` options the vectorised diagnostics (:func:`_summary`) handle
+_FAST_OPTIONS = {"var_names", "filter_vars", "hdi_prob", "round_to"}
+#: from this many coordinates on, ArviZ 0.x's diagnostics (a Python loop per coordinate) are
+#: replaced by :func:`~numpyro_sg.diagnostics.chain_statistics.summary_diagnostics`
+_FAST_FROM = 200
+
+
+def _summary(idata, kwargs: dict) -> pd.DataFrame:
+    """``az.summary(idata, **kwargs)``; on ArviZ 0.x, for a posterior of at least
+    :data:`_FAST_FROM` coordinates, its diagnostics columns are computed for all coordinates at
+    once (:mod:`~numpyro_sg.diagnostics.chain_statistics`: the same numbers to float64 rounding,
+    7× faster on 3,760 coordinates), its statistics columns by ArviZ."""
+    if ARVIZ_MAJOR >= 1 or not set(kwargs) <= _FAST_OPTIONS:
+        return az.summary(idata, **kwargs)
+    from arviz.utils import _var_names
+
+    posterior = az.convert_to_dataset(idata, group="posterior")
+    names = _var_names(kwargs.get("var_names"), posterior, kwargs.get("filter_vars"))
+    posterior = posterior if names is None else posterior[names]
+    blocks = [np.asarray(v.values).reshape(v.shape[0], v.shape[1], -1) for v in posterior.data_vars.values()]
+    if sum(b.shape[-1] for b in blocks) < _FAST_FROM:
+        return az.summary(idata, **kwargs)
+    round_to = kwargs.get("round_to")
+    table = az.summary(idata, **{**kwargs, "kind": "stats", "round_to": "none"})
+    columns = summary_diagnostics(np.concatenate(blocks, axis=-1))
+    if len(next(iter(columns.values()))) != len(table):   # (labels ArviZ made otherwise)
+        return az.summary(idata, **kwargs)
+    for name, values in columns.items():
+        table[name] = values
+    if round_to is not None and round_to not in ("None", "none"):
+        return table.round(round_to)
+    if round_to is None:   # ArviZ's default rounding
+        return table.round({c: 2 if c == "r_hat" else 0 if c in ("ess_bulk", "ess_tail") else 3 for c in table.columns})
     return table
 
 
