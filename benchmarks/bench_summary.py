@@ -5,7 +5,8 @@
 once) on ``--coordinates`` autocorrelated coordinates × 4 chains × 2,000 draws, against
 ``arviz.summary(kind="diagnostics")`` on a twentieth of them, scaled by 20 (ArviZ 0.x's cost is
 per coordinate).  Prints both times and their ratio, and the largest relative difference of
-the twentieth both computed.
+the twentieth both computed; then the whole table: ``numpyro_sg.posterior_summary`` against
+``arviz.summary`` (its statistics columns measured, its diagnostics as above).
 
     python benchmarks/bench_summary.py --coordinates 3760
 """
@@ -19,6 +20,8 @@ import warnings
 import arviz as az
 import numpy as np
 
+import numpyro_sg as nsg
+from numpyro_sg.arviz_compat import from_dict
 from numpyro_sg.diagnostics.chain_statistics import summary_diagnostics
 
 
@@ -43,6 +46,17 @@ def main():
                for c in ours)
     print(f"{args.coordinates:,} coordinates: vectorised {vectorised:.1f} s, ArviZ loop {loop:.1f} s "
           f"(scaled from {part.shape[2]}), ratio {loop / vectorised:.1f}x; largest relative difference {diff:.1e}")
+    idata = from_dict(posterior={"x": x})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        start = time.perf_counter()
+        nsg.posterior_summary(idata)
+        table = time.perf_counter() - start
+        start = time.perf_counter()
+        az.summary(idata, kind="stats")
+        stats = time.perf_counter() - start
+    print(f"whole table: posterior_summary {table:.1f} s, az.summary {stats + loop:.1f} s (its statistics "
+          f"columns {stats:.1f} s, measured, + the diagnostics loop, scaled), ratio {(stats + loop) / table:.1f}x")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import pytest
 
 import numpyro_sg as nsg
 from numpyro_sg.arviz_compat import ARVIZ_MAJOR, from_dict
-from numpyro_sg.diagnostics.chain_statistics import ess_bulk, rank_rhat, summary_diagnostics
+from numpyro_sg.diagnostics.chain_statistics import ess_bulk, rank_rhat_and_ess_bulk, summary_diagnostics
 
 
 def _ar1(rng, chains, draws, d, phi):
@@ -54,9 +54,11 @@ def test_the_diagnostics_equal_arvizs_to_float64_rounding(name):
         ref_rhat = np.asarray(az.rhat({"x": x})["x"].values).reshape(-1) if x.shape[0] > 1 else None
     for column, values in summary_diagnostics(x).items():
         np.testing.assert_allclose(values, ref[column].to_numpy(float), rtol=1e-9, atol=1e-12, err_msg=column)
+    rhat, ess = rank_rhat_and_ess_bulk(x)
     np.testing.assert_allclose(ess_bulk(x), ref_ess, rtol=1e-9)
+    np.testing.assert_allclose(ess, ref_ess, rtol=1e-9)
     if ref_rhat is not None:
-        np.testing.assert_allclose(rank_rhat(x), ref_rhat, rtol=1e-9)
+        np.testing.assert_allclose(rhat, ref_rhat, rtol=1e-9)
 
 
 @pytest.mark.skipif(ARVIZ_MAJOR >= 1, reason="the fast path is for ArviZ 0.x")
@@ -75,3 +77,21 @@ def test_posterior_summary_of_many_coordinates_is_arvizs_table(options):
         ours, ref = nsg.posterior_summary(idata, **options), az.summary(idata, **options)
     assert list(ours.index) == list(ref.index) and list(ours.columns) == list(ref.columns)
     np.testing.assert_allclose(ours.to_numpy(float), ref.to_numpy(float), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.skipif(ARVIZ_MAJOR >= 1, reason="the fast path is for ArviZ 0.x")
+def test_statistics_columns_of_float32_draws_with_named_coordinates_are_arvizs():
+    """The statistics columns (mean, sd, HDI) and row labels of the vectorised table, on float32
+    draws with string and float coordinates and an odd draw count: exactly ArviZ's."""
+    rng = np.random.default_rng(2)
+    posterior = {"w": rng.normal(size=(4, 301, 20, 15)).astype(np.float32),
+                 "c": rng.standard_t(2, size=(4, 301, 4)).astype(np.float32)}
+    idata = from_dict(posterior=posterior, coords={"row": [f"r{i}" for i in range(20)], "k": np.arange(4) * 0.5},
+                      dims={"w": ["row", "col"], "c": ["k"]})
+    columns = ["mean", "sd", "hdi_25%", "hdi_75%"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = nsg.posterior_summary(idata, hdi_prob=0.5, round_to="none")
+        ref = az.summary(idata, hdi_prob=0.5, round_to="none")
+    assert list(ours.index) == list(ref.index) and ours.index[0] == "w[r0, 0]" and ours.index[-1] == "c[1.5]"
+    np.testing.assert_array_equal(ours[columns].to_numpy(), ref[columns].to_numpy())

@@ -152,6 +152,30 @@ def test_blocked_matches_brute_force(block_size, statistic):
     np.testing.assert_allclose(kpc, np.sum(signed_root(ref)), rtol=1e-10)
 
 
+@pytest.mark.parametrize("statistic", ["v", "u"])
+def test_one_pass_over_chain_pairs_gives_per_chain_pooled_and_per_coordinate_terms(statistic):
+    """``chain_pair_sums`` (what ``to_inference_data`` uses) against the separate sums, float64."""
+    from numpyro_sg.diagnostics.ksd_blocks import chain_pair_sums
+
+    x, score, _, _ = gaussian(3 * 67, 4, seed=5)   # 3 chains of 67 draws: never a whole block
+    s = score(x + 0.3)
+    x, s = x.reshape(3, 67, 4), s.reshape(3, 67, 4)
+    ex = statistic == "u"
+    with jax.enable_x64(True):
+        sums, projected = chain_pair_sums(x, s, exclude_diagonal=ex, block_size=16)
+        assert sums.shape == (3, 3, 4) and projected > 0
+        for c in range(3):
+            np.testing.assert_allclose(sums[c, c].sum(), ksd_sums(x[c], s[c], exclude_diagonal=ex), rtol=1e-10)
+        kept = [0, 2]
+        np.testing.assert_allclose(
+            sums[np.ix_(kept, kept)].sum(axis=(0, 1)),
+            ksd_sums(x[kept].reshape(-1, 4), s[kept].reshape(-1, 4), exclude_diagonal=ex, per_coordinate=True),
+            rtol=1e-10)
+        # a budget the projection (the second call's time × the calls) exceeds stops the pass
+        stopped, projected = chain_pair_sums(x, s, exclude_diagonal=ex, block_size=16, seconds=0.0)
+        assert stopped is None and projected > 0
+
+
 def test_float32_accuracy_against_float64_reference():
     # Default float32 path (centred coordinates, float64 accumulation of block sums).  Measured
     # relative errors ~1e-6 (V) and ~1e-4 (U, a difference of larger sums); tolerance 10× that.

@@ -28,7 +28,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from numpyro_sg.diagnostics.chain_statistics import ess_bulk, rank_rhat
+from numpyro_sg.diagnostics.chain_statistics import ess_bulk, rank_rhat_and_ess_bulk
 
 #: at most this many coordinates per site are checked (evenly spaced) — R̂/ESS cost per coordinate
 MAX_COORDINATES = 1000
@@ -130,7 +130,7 @@ def convergence_table(samples: dict) -> pd.DataFrame:
         if not np.all(np.isfinite(x)):
             rows[name] = dict(r_hat=np.inf, ess_bulk=0.0, drift=np.inf, worst=0, separation=np.nan, far_chain=-1)
             continue
-        rhat, ess = rank_rhat(x), ess_bulk(x)   # NaN R̂ for one chain or a constant coordinate
+        rhat, ess = rank_rhat_and_ess_bulk(x)   # NaN R̂ for one chain or a constant coordinate
         drift = _drift(x)
         rhat_ok = np.where(np.isfinite(rhat), rhat, 1.0)
         separation, far = _separation(x)

@@ -10,6 +10,7 @@ per-block partial sums are accumulated in float64 on the host.  The kernel is th
 
 from __future__ import annotations
 
+import time
 from functools import partial
 
 import jax
@@ -190,3 +191,63 @@ def normalise(total, T, statistic):
     if T < 2:
         return np.full(np.shape(total), np.nan)
     return np.asarray(total, np.float64) / (T * (T - 1))
+
+
+def chain_pair_sums(x, s, *, c=1.0, beta=-0.5, exclude_diagonal=False, block_size=None, seconds=None):
+    """Σ k_j over the draws of every pair of chains, per coordinate: the per-chain, pooled and
+    per-coordinate KSDs of a run from one pass over its pairs.
+
+    Row blocks hold one chain's draws each; the columns are grouped by chain, so block (a, b)
+    of the pair matrix lands in ``out[a, b]``.  Σ_j out[a, b, j] is the Σ k_π of those pairs.
+    The row blocks are summed in at least 16 calls (or one a block); with ``seconds`` the time
+    of the second call is projected to all of them, and the work stops when the projection
+    exceeds ``seconds`` by a fifth.
+
+    :param x: draws, array (chains, T, d) (already preconditioned).
+    :param s: their scores, array (chains, T, d).
+    :param float c: IMQ offset c > 0.
+    :param float beta: IMQ exponent β < 0.
+    :param bool exclude_diagonal: leave out the pairs t = t' (the U-statistic numerator).
+    :param int block_size: rows per block (default: about 2²² entries per block matrix).
+    :param seconds: a time budget, or ``None``.
+    :return: ``(sums, projected)``: float64 array (chains, chains, d), or ``None`` when the
+        budget would be exceeded; and the projected seconds of the whole pass (NaN unknown).
+
+    **Example:** one chain of one draw: the k_j of :func:`ksd_sums`.
+
+    >>> import numpy as np
+    >>> from numpyro_sg.diagnostics.ksd_blocks import chain_pair_sums
+    >>> chain_pair_sums(np.zeros((1, 1, 2)), np.array([[[1.0, 2.0]]]))[0].tolist()
+    [[[2.0, 5.0]]]
+    """
+    C, T, d = x.shape
+    B = check_block(block_size) or default_block(T, C * max(T, (6 * d + 2) // 4))  # ≤ 64 MiB a feature matrix
+    per_chain = -(-T // min(B, T))               # row blocks per chain
+    if block_size is None:                       # the same count of blocks, least padding
+        B = -(-T // per_chain)
+        B += -B % 8 if B > 8 else 0
+    B = min(B, T)
+    Tp = per_chain * B
+    xj, sj = to_device(x.reshape(C * T, d), s.reshape(C * T, d))
+    pad = ((0, 0), (0, Tp - T), (0, 0))
+    xp, sp = jnp.pad(xj.reshape(C, T, d), pad), jnp.pad(sj.reshape(C, T, d), pad)
+    wp = jnp.pad(jnp.ones((C, T), xj.dtype), pad[:2])
+    ip = jnp.arange(C * Tp).reshape(C, Tp)
+    R = C * per_chain
+    per_call = max(k for k in range(1, max(R // 16, 1) + 1) if R % k == 0)   # at least 16 calls
+    calls = R // per_call
+    rows = [a.reshape((R, B) + a.shape[2:]) for a in (xp, sp, wp, ip)]
+    run = partial(pair_block_sums, c=float(c), beta=float(beta), per_coordinate=True,
+                  exclude_diagonal=bool(exclude_diagonal))
+    start, parts, projected = time.perf_counter(), [], float("nan")
+    for k in range(calls):
+        part = slice(k * per_call, (k + 1) * per_call)
+        parts.append(np.asarray(run(*(a[part] for a in rows), xp, sp, wp, ip), np.float64))
+        if k == 0:
+            first = time.perf_counter()
+        elif k == 1:
+            projected = first - start + (time.perf_counter() - first) * (calls - 1)
+            if seconds is not None and projected > 1.2 * seconds:   # (a restart costs a compilation)
+                return None, projected
+    out = np.concatenate(parts)                  # (R, C, d)
+    return out.reshape(C, per_chain, C, d).sum(axis=1), projected

@@ -9,8 +9,11 @@ import numpy as np
 from numpyro_sg.diagnostics.fssd import fssd
 from numpyro_sg.diagnostics.full_data_scores import ModelScores
 from numpyro_sg.diagnostics.ksd import ksd, ksd_per_coordinate
-from numpyro_sg.diagnostics.scales import resolve_scales
+from numpyro_sg.diagnostics.ksd_blocks import chain_pair_sums, check_block, normalise
+from numpyro_sg.diagnostics.scales import precondition, resolve_scales
+from numpyro_sg.diagnostics.stein_kernels import signed_sqrt
 from numpyro_sg.diagnostics.stein_runs import stein_arrays, stein_of
+from numpyro_sg.diagnostics.validation import as_draws, check_finite, check_kernel_args
 from numpyro_sg.infer.laplace import laplace_scales
 
 
@@ -78,6 +81,51 @@ def ksd_of_stein(stein, scales, *, per_chain=False, per_coordinate=False, **opti
         return np.array([fn(xc, scores=sc, preconditioner=scales, **options) for xc, sc in zip(x, s)])
     x, s = stein_arrays(stein, pooled=True)
     return fn(x, scores=s, preconditioner=scales, **options)
+
+
+def chain_ksds(stein, scales, kept=None, *, seconds=None, c=1.0, beta=-0.5, statistic="v",
+               block_size=None):
+    """Per-chain KSDs, the pooled KSD of the ``kept`` chains and its per-coordinate terms, from
+    one pass over the pairs of draws (:func:`~numpyro_sg.diagnostics.ksd_blocks.chain_pair_sums`):
+    the three that :func:`ksd_of_stein` gives with ``per_chain=True``, by default and with
+    ``per_coordinate=True``, up to float32 rounding, at the cost of the last alone.
+
+    :param stein: a ``stein`` dataset (:func:`stein_dataset`).
+    :param scales: per-coordinate scales (d,) used as the preconditioner, or ``None``.
+    :param kept: positions of the chains pooled (``None``: all).
+    :param seconds: a time budget for the pass, or ``None``.
+    :param c, beta, statistic, block_size: options of :func:`numpyro_sg.diagnostics.ksd.ksd`.
+    :return: ``((per_chain (chains,), pooled float, per_coordinate (d,)), projected)``: the
+        first ``None`` when the pass was projected past ``seconds``, and its projected seconds.
+
+    **Example:**
+
+    >>> import numpy as np
+    >>> import xarray as xr
+    >>> from numpyro_sg.diagnostics.run_discrepancies import chain_ksds
+    >>> dims = ("chain", "draw", "coordinate")
+    >>> x = np.random.default_rng(0).normal(size=(2, 500, 3))  # 2 chains of N(0, I) draws
+    >>> stein = xr.Dataset({"unconstrained": (dims, x), "score": (dims, -x)})
+    >>> (per_chain, pooled, per_coordinate), _ = chain_ksds(stein, np.ones(3))
+    >>> per_chain.shape, per_coordinate.shape, bool(pooled < per_chain.max())
+    ((2,), (3,), True)
+    """
+    check_kernel_args(c, beta, statistic)
+    x, s = stein_arrays(stein)
+    as_draws(x.reshape(-1, x.shape[-1]), "x")
+    check_finite(s, "scores")
+    C, T, d = x.shape
+    x, s = precondition(x.reshape(C * T, d), s.reshape(C * T, d), scales)
+    sums, projected = chain_pair_sums(x.reshape(C, T, d), s.reshape(C, T, d), c=c, beta=beta,
+                                      exclude_diagonal=statistic == "u",
+                                      block_size=check_block(block_size), seconds=seconds)
+    if sums is None:
+        return None, projected
+    kept = list(range(C)) if kept is None else list(kept)
+    per_chain = signed_sqrt(normalise(np.einsum("ccj->c", sums), T, statistic))
+    pooled_terms = normalise(sums[np.ix_(kept, kept)].sum(axis=(0, 1)), len(kept) * T, statistic)
+    pooled = float(signed_sqrt(pooled_terms.sum()))
+    return (per_chain, pooled, signed_sqrt(pooled_terms)), projected
 
 
 def _scaled_stein(obj, model, model_args, model_kwargs, preconditioner, max_draws, var_names):

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
+import warnings
 from types import SimpleNamespace
 
 import jax
@@ -45,19 +45,22 @@ from numpyro import handlers
 from numpyro_sg.arviz_compat import drop_group, from_numpyro, get_group, has_group, set_group
 from numpyro_sg.locals.fitting import log_marginal_of
 from numpyro_sg.locals.model import MarginalModel
-from numpyro_sg.locals.posterior import MIN_AFFORDABLE_DRAWS, add_local_draws, add_local_posterior, affordable_draws
+from numpyro_sg.locals.posterior import add_local_draws, add_local_posterior, affordable_draws
 from numpyro_sg.diagnostics.convergence import check_convergence
-from numpyro_sg.diagnostics.model_scores import (STEIN_GROUP, ModelScores, full_data_model, ksd_of_stein,
-                                                 resolve_run_scales, run_model, run_samples, stein_dataset)
+from numpyro_sg.diagnostics.full_data_scores import ModelScores, full_data_model
+from numpyro_sg.diagnostics.stein_runs import run_model
 from numpyro_sg.infer.model_info import improper_to_uniform, structure_only
 from numpyro_sg.infer.progress import conversion_progress, progress_phase
 from numpyro_sg.infer.run_clock import run_seconds, seconds_since_init
 from numpyro_sg.infer.sharding import auto_view, spans_processes, without_global_observations
+from numpyro_sg.results.run_ksd import score_and_attach_ksd
 from numpyro_sg.results.chains import (DIVERGED_AT_ATTR, DIVERGED_ATTR, diverged_chains,
                                        divergence_iterations, warn_diverged)
 
 _KSD_OPTIONS = ("c", "beta", "statistic", "block_size")
-#: the least time ``ksd_draws="auto"`` gives the full-data scores (else the run's sampling time)
+#: the share of the run's sampling time that ``ksd_draws="auto"`` gives the KSD (scores and pair sums)
+KSD_SHARE = 0.35
+#: the least time ``ksd_draws="auto"`` gives the KSD
 MIN_KSD_SECONDS = 5.0
 
 
@@ -154,10 +157,12 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     ``log_likelihood``) are described in :mod:`numpyro_sg.results.inference_data`.  KSD uses
     full-data scores on the unconstrained space at ``ksd_draws`` evenly thinned draws per chain
     (``None``: all).  The default ``"auto"``, 1,000 (with local latents, as many as cost what
-    the steps did), is scored in an order spread over the chain until the run's sampling time
-    (unknown, since its ``init``; at least :data:`MIN_KSD_SECONDS`) is spent, never under 100:
-    on large data the count (``attrs["ksd_draws_per_chain"]``) depends on the machine.  The
-    chains' KSDs share the pooled scale.  (Long because its docstring documents every option.)
+    the steps did), gives the KSD :data:`KSD_SHARE` (35 %) of the run's sampling time
+    (unknown, since its ``init``; at least :data:`MIN_KSD_SECONDS`): draws are scored in an order spread over the chain until
+    it is spent, and fewer, evenly spread, are kept when the pairwise sums (quadratic in the
+    draws, linear in the coordinates) would overrun it; never under 100 per chain: on large
+    data or many coordinates the count (``attrs["ksd_draws_per_chain"]``) depends on the
+    machine.  The chains' KSDs share the pooled scale.  (Long because its docstring documents every option.)
 
     :param mcmc: a ``numpyro.infer.MCMC`` object after ``run``.
     :param bool log_likelihood: add the full-data pointwise ``log_likelihood`` group.
@@ -222,7 +227,7 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
         diverged = _record_diverged(idata, mcmc)
         if ksd:
             auto, spent = ksd_draws == "auto", seconds_since_init(mcmc) if sampling_time is None else sampling_time
-            seconds = max(spent, MIN_KSD_SECONDS) if auto and spent is not None else None
+            seconds = max(KSD_SHARE * spent, MIN_KSD_SECONDS) if auto and spent is not None else None
             score_and_attach_ksd(idata, mcmc, scores, affordable if auto else ksd_draws,
                                  preconditioner, ksd_options, diverged, var_names, seconds)
     return idata
@@ -251,26 +256,6 @@ def _record_diverged(idata, mcmc) -> list:
     idata.sample_stats.attrs[DIVERGED_ATTR] = list(diverged)
     idata.sample_stats.attrs[DIVERGED_AT_ATTR] = [int(at.get(c) or -1) for c in diverged]
     return diverged
-
-
-def score_and_attach_ksd(idata, mcmc, scores, ksd_draws, preconditioner, ksd_options, diverged=(),
-                         var_names=None, seconds=None):
-    """Score the run's draws (the coordinates of ``var_names``; within ``seconds`` if given,
-    :func:`~numpyro_sg.diagnostics.stein_runs.stein_dataset`) and :func:`attach_ksd` (scales and
-    pooled KSD without the ``diverged`` chains), recording the time it took."""
-    start = time.perf_counter()
-    stein = stein_dataset(run_samples(mcmc), scores, ksd_draws, var_names, seconds=seconds,
-                          min_draws=MIN_AFFORDABLE_DRAWS)
-    progress_phase("KSD")
-    scales = resolve_run_scales(preconditioner, _kept_chains(stein, diverged), scores)
-    attach_ksd(idata, stein, scales, preconditioner, ksd_options, diverged=diverged)
-    idata.sample_stats.attrs["ksd_seconds"] = time.perf_counter() - start
-
-
-def _kept_chains(stein, diverged):
-    """``stein`` without the ``diverged`` chains (all of it when none or every chain diverged)."""
-    keep = [c for c in range(stein.sizes["chain"]) if c not in set(diverged)]
-    return stein if not diverged or not keep else stein.isel(chain=keep)
 
 
 def _checked_ksd_options(mcmc, ksd_options, check=False) -> dict:
@@ -304,10 +289,14 @@ def _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood, limi
         num_samples = next(iter(mcmc.get_samples().values())).shape[0]  # chains × draws
         _check_log_likelihood_size(num_samples, full_model, model_args, model_kwargs, limit_gb)
     keep = None if var_names is None else [var_names] if isinstance(var_names, str) else list(var_names)
+    if not log_likelihood:   # ArviZ's traces (dims, observations) at a draw: no prior draws to compile
+        first = {k: v[0] for k, v in mcmc.get_samples().items()}
+        full_model = handlers.substitute(full_model, data=first)
     view = _FullDataView(mcmc, full_model, None if log_likelihood else keep)  # (it needs every site)
     view._args, view._kwargs = model_args, model_kwargs
-    with contextlib.nullcontext() if log_likelihood else structure_only():  # (the densities come later)
-        idata = from_numpyro(view, log_likelihood=log_likelihood, **kwargs)
+    with contextlib.nullcontext() if log_likelihood else structure_only(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"init_to_median\(\) skipping initialization", UserWarning)
+        idata = from_numpyro(view, log_likelihood=log_likelihood, **kwargs)   # (the densities come later)
     if keep is not None and log_likelihood:
         set_group(idata, "posterior", get_group(idata, "posterior")[keep])
     if several_processes:
@@ -320,79 +309,3 @@ def _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood, limi
                         model_args, model_kwargs)
     return add_local_posterior(idata, model, mcmc.get_samples(), model_args, model_kwargs,
                                max_draws=local_posterior_draws)
-
-
-def preconditioner_name(preconditioner) -> str:
-    """How a ``preconditioner`` option is recorded in the ``ksd_preconditioner`` attribute:
-    ``"none"`` for ``None``, the string itself for ``"sd"``/``"laplace"``, else ``"array"``.
-
-    :param preconditioner: ``"sd"``, ``"laplace"``, an array of scales or ``None``.
-    :return: str.
-
-    **Example:**
-
-    >>> import numpy as np
-    >>> from numpyro_sg.results.inference_data import preconditioner_name
-    >>> preconditioner_name(None), preconditioner_name("sd"), preconditioner_name(np.ones(3))
-    ('none', 'sd', 'array')
-    """
-    if preconditioner is None:
-        return "none"
-    return preconditioner if isinstance(preconditioner, str) else "array"
-
-
-def attach_ksd(idata, stein, scales, preconditioner, options, diverged=()):
-    """Store a run's KSD in ``idata``, in place: per-chain ``ksd`` into ``sample_stats``, the
-    pooled KSD and its settings into ``sample_stats.attrs``, and the ``stein`` group (with
-    ``ksd_per_coordinate`` and the same settings in its attrs), replacing any earlier one.
-
-    :param idata: the run's ``InferenceData`` (``posterior`` with a ``chain`` dim; a missing
-        ``sample_stats`` group is created).
-    :param stein: its scored draws (:func:`~numpyro_sg.diagnostics.model_scores.stein_dataset`).
-    :param scales: the common per-coordinate scales (d,), or ``None`` (raw form).
-    :param preconditioner: the option the scales came from (recorded through
-        :func:`preconditioner_name`).
-    :param dict options: options of :func:`numpyro_sg.diagnostics.ksd.ksd` (``c``, ``beta``,
-        ``statistic``, ``block_size``).
-    :param diverged: positions of diverged chains: they get their per-chain ``ksd`` but are left
-        out of the pooled KSD and of ``ksd_per_coordinate`` (unless every chain diverged).
-
-    **Example:**
-
-    >>> import numpy as np
-    >>> import xarray as xr
-    >>> from numpyro_sg.arviz_compat import from_dict
-    >>> from numpyro_sg.results.inference_data import attach_ksd
-    >>> x = np.random.default_rng(0).normal(size=(2, 100, 3))  # 2 chains of N(0, I) draws
-    >>> dims = ("chain", "draw", "coordinate")
-    >>> stein = xr.Dataset({"unconstrained": (dims, x), "score": (dims, -x)},
-    ...                    coords={"chain": [0, 1], "draw": np.arange(100)})
-    >>> idata = from_dict(posterior={"theta": x})
-    >>> attach_ksd(idata, stein, np.ones(3), "array", {})
-    >>> idata.sample_stats["ksd"].shape, idata.stein["ksd_per_coordinate"].shape
-    ((2,), (3,))
-    """
-    per_chain = ksd_of_stein(stein, scales, per_chain=True, **options)
-    kept = _kept_chains(stein, diverged)
-    pooled = ksd_of_stein(kept, scales, **options)
-    per_coord = ksd_of_stein(kept, scales, per_coordinate=True, **options)
-    stein = stein.assign(ksd_per_coordinate=("coordinate", np.asarray(per_coord)))
-    chains = idata.posterior["chain"].values
-    ksd_var = xr.DataArray(per_chain, dims=("chain",), coords={"chain": chains})
-    if not has_group(idata, "sample_stats"):  # (ArviZ drops an empty group: add it with ksd)
-        set_group(idata, "sample_stats", xr.Dataset({"ksd": ksd_var}))
-    else:
-        idata.sample_stats["ksd"] = ksd_var
-    attrs = {
-        "ksd": float(pooled),
-        "ksd_preconditioner": preconditioner_name(preconditioner),
-        "ksd_scales": np.ones(stein.sizes["coordinate"]) if scales is None else np.asarray(scales, float),
-        "ksd_c": float(options.get("c", 1.0)),
-        "ksd_beta": float(options.get("beta", -0.5)),
-        "ksd_statistic": str(options.get("statistic", "v")),
-        "ksd_draws_per_chain": int(stein.sizes["draw"]),
-    }
-    idata.sample_stats.attrs.update(attrs)
-    stein = stein.assign_coords(chain=chains)
-    stein.attrs.update({k: v for k, v in attrs.items() if k != "ksd"})
-    set_group(idata, STEIN_GROUP, stein)

@@ -29,7 +29,8 @@ from numpyro.infer import MCMC, NUTS
 from numpyro_sg.arviz_compat import (check_netcdf_writable, ess, from_dict, from_netcdf, get_group, has_group,
                                       is_run_data, plot_densities, rename_vars)
 from numpyro_sg.diagnostics.convergence import ConvergenceWarning, check_convergence
-from numpyro_sg.results.inference_data import score_and_attach_ksd, to_inference_data
+from numpyro_sg.results.inference_data import to_inference_data
+from numpyro_sg.results.run_ksd import score_and_attach_ksd
 from numpyro_sg.diagnostics.model_scores import (
     STEIN_GROUP,
     ModelScores,

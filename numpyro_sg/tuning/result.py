@@ -12,7 +12,8 @@ import xarray as xr
 
 from numpyro_sg.arviz_compat import from_dict
 from numpyro_sg.kernels.gradient import GradientKernel
-from numpyro_sg.results.inference_data import attach_ksd, cast_discrete, preconditioner_name
+from numpyro_sg.results.inference_data import cast_discrete
+from numpyro_sg.results.run_ksd import attach_ksd, preconditioner_name
 from numpyro_sg.tuning.scoring import pooled
 
 
