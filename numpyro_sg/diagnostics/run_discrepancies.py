@@ -52,17 +52,17 @@ def resolve_run_scales(preconditioner, stein, scores: ModelScores | None = None)
     return resolve_scales(preconditioner, pooled)
 
 
-def ksd_of_stein(stein, scales, *, per_chain=False, per_coordinate=False, **options):
-    """KSD of a ``stein`` group with fixed ``scales`` (``None``: raw), pooled or per chain.
+def ksd_of_stein(stein, scales, *, per_coordinate=False, **options):
+    """Pooled KSD of a ``stein`` group with fixed ``scales`` (``None``: raw); per chain, and
+    all three at once, :func:`chain_ksds`.
 
     :param stein: a ``stein`` dataset (:func:`stein_dataset`).
     :param scales: per-coordinate scales (d,) used as the preconditioner, or ``None``.
-    :param bool per_chain: one KSD per chain (an array (chains,)) instead of the pooled one.
     :param bool per_coordinate: the per-coordinate terms
         (:func:`~numpyro_sg.diagnostics.ksd.ksd_per_coordinate`) instead of the KSD.
     :param options: further options of :func:`numpyro_sg.diagnostics.ksd.ksd` (``c``,
         ``beta``, ``statistic``, ``thin``, ``block_size``).
-    :return: a float, or an array (chains,), (d,) or (chains, d).
+    :return: a float, or an array (d,).
 
     **Example:**
 
@@ -72,13 +72,10 @@ def ksd_of_stein(stein, scales, *, per_chain=False, per_coordinate=False, **opti
     >>> dims = ("chain", "draw", "coordinate")
     >>> x = np.random.default_rng(0).normal(size=(2, 500, 3))  # 2 chains of N(0, I) draws
     >>> stein = xr.Dataset({"unconstrained": (dims, x), "score": (dims, -x)})
-    >>> ksd_of_stein(stein, np.ones(3), per_chain=True).shape
-    (2,)
+    >>> ksd_of_stein(stein, np.ones(3), per_coordinate=True).shape
+    (3,)
     """
     fn = ksd_per_coordinate if per_coordinate else ksd
-    if per_chain:
-        x, s = stein_arrays(stein)
-        return np.array([fn(xc, scores=sc, preconditioner=scales, **options) for xc, sc in zip(x, s)])
     x, s = stein_arrays(stein, pooled=True)
     return fn(x, scores=s, preconditioner=scales, **options)
 
@@ -87,8 +84,8 @@ def chain_ksds(stein, scales, kept=None, *, seconds=None, c=1.0, beta=-0.5, stat
                block_size=None):
     """Per-chain KSDs, the pooled KSD of the ``kept`` chains and its per-coordinate terms, from
     one pass over the pairs of draws (:func:`~numpyro_sg.diagnostics.ksd_blocks.chain_pair_sums`):
-    the three that :func:`ksd_of_stein` gives with ``per_chain=True``, by default and with
-    ``per_coordinate=True``, up to float32 rounding, at the cost of the last alone.
+    one KSD per chain, and the pooled KSD and its per-coordinate terms of :func:`ksd_of_stein`
+    (up to float32 rounding), at the cost of the last alone.
 
     :param stein: a ``stein`` dataset (:func:`stein_dataset`).
     :param scales: per-coordinate scales (d,) used as the preconditioner, or ``None``.
@@ -103,9 +100,9 @@ def chain_ksds(stein, scales, kept=None, *, seconds=None, c=1.0, beta=-0.5, stat
     >>> import numpy as np
     >>> import xarray as xr
     >>> from numpyro_sg.diagnostics.run_discrepancies import chain_ksds
-    >>> dims = ("chain", "draw", "coordinate")
     >>> x = np.random.default_rng(0).normal(size=(2, 500, 3))  # 2 chains of N(0, I) draws
-    >>> stein = xr.Dataset({"unconstrained": (dims, x), "score": (dims, -x)})
+    >>> stein = xr.Dataset({"unconstrained": (("chain", "draw", "coordinate"), x),
+    ...                     "score": (("chain", "draw", "coordinate"), -x)})
     >>> (per_chain, pooled, per_coordinate), _ = chain_ksds(stein, np.ones(3))
     >>> per_chain.shape, per_coordinate.shape, bool(pooled < per_chain.max())
     ((2,), (3,), True)
