@@ -289,8 +289,8 @@ def _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood, limi
         num_samples = next(iter(mcmc.get_samples().values())).shape[0]  # chains × draws
         _check_log_likelihood_size(num_samples, full_model, model_args, model_kwargs, limit_gb)
     keep = None if var_names is None else [var_names] if isinstance(var_names, str) else list(var_names)
-    if not log_likelihood:   # ArviZ's traces (dims, observations) at a draw: no prior draws to compile
-        first = {k: v[0] for k, v in mcmc.get_samples().items()}
+    if not log_likelihood and not several_processes:   # ArviZ's traces at a draw: no prior draws to compile
+        first = {k: np.asarray(v[0]) for k, v in mcmc.get_samples().items()}   # (host values: any mesh)
         full_model = handlers.substitute(full_model, data=first)
     view = _FullDataView(mcmc, full_model, None if log_likelihood else keep)  # (it needs every site)
     view._args, view._kwargs = model_args, model_kwargs
