@@ -41,6 +41,21 @@ def test_log_predictive_density_accuracy_and_calibration_are_those_of_the_draws(
     np.testing.assert_allclose([row["ece"], row["mce"]], calibration_errors(probs, y), atol=1e-6)
 
 
+def test_per_chain_rows_are_each_chains_own_predictive(logistic_run):
+    """``per_chain=True``: a row per chain from that chain's draws alone (here: the first chain
+    of the run alone, checked against the run cut to it) and the pooled row as chain "all"
+    (the default table's).  Fails if a chain's row mixed the chains' draws."""
+    mcmc, X, y = logistic_run
+    table = nsg.predictive_metrics(mcmc, X, y, per_chain=True)
+    assert list(table.index) == [("y", 0), ("y", 1), ("y", "all")] and table.index.names == ["site", "chain"]
+    pooled = nsg.predictive_metrics(mcmc, X, y).loc["y"]
+    np.testing.assert_allclose(table.loc[("y", "all")].to_numpy(float), pooled.to_numpy(float))
+    first = from_dict(posterior={"theta": np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])[:1]})
+    alone = nsg.predictive_metrics(first, X, y, model=logistic_regression_model).loc["y"]
+    assert table.loc[("y", 0), "draws"] == 300 and table.loc[("y", 0), "lpd"] == pytest.approx(alone["lpd"], rel=1e-6)
+    assert table.loc[("y", 0), "ece"] == pytest.approx(alone["ece"], abs=1e-9)
+
+
 def test_overconfident_draws_are_less_calibrated_than_the_posterior(logistic_run):
     """The NUTS posterior of a well-specified model is calibrated on held-out rows within the
     noise of 300 labels (ECE measured 0.046; bound 0.08); the same draws scaled by 4 (logits 4×

@@ -69,11 +69,12 @@ def calibration_errors(probs, labels, bins: int = 15) -> tuple[float, float]:
 
 
 def _draws(obj, sites, max_draws):
-    """The posterior draws of ``sites``, chains pooled, at most ``max_draws`` evenly spread."""
+    """The posterior draws of ``sites``, chains pooled, at most ``max_draws`` evenly spread, and
+    the chain of each."""
     samples = run_samples(obj)
     chains, draws = samples[sites[0]].shape[:2]
     keep = thin_indices(chains * draws, max_draws)
-    return {s: samples[s].reshape((chains * draws,) + samples[s].shape[2:])[keep] for s in sites}
+    return {s: samples[s].reshape((chains * draws,) + samples[s].shape[2:])[keep] for s in sites}, keep // draws
 
 
 def _likelihood_kind(fn, value):
@@ -121,7 +122,7 @@ def _observed_terms(model, args, kwargs, draws, block):
 
 
 def predictive_metrics(obj, *args, model=None, max_draws: int = 1000, bins: int = 15,
-                       block: int = 100, **kwargs) -> pd.DataFrame:
+                       block: int = 100, per_chain: bool = False, **kwargs) -> pd.DataFrame:
     """Held-out log predictive density, accuracy and calibration of a run's posterior.
 
     Pass the held-out data as you passed the training data to ``mcmc.run`` (the same model,
@@ -136,6 +137,10 @@ def predictive_metrics(obj, *args, model=None, max_draws: int = 1000, bins: int 
         chains (diverged chains included: drop them first with ``idata.isel(chain=…)``).
     :param int bins: confidence bins of the ECE and MCE.
     :param int block: draws evaluated at once (memory: block × held-out rows × classes).
+    :param bool per_chain: also each chain's own predictive (its share of the draws): rows
+        indexed by ``(site, chain)``, the pooled one as chain ``"all"``.  Where the parameters'
+        R̂ cannot settle — a network's chains each explore their own mode, its hidden units
+        permuted — chains that predict alike are what to judge.
     :param kwargs: the model's keyword arguments on the held-out data.  A latent site without
         draws (the effects of a group the run never saw) is drawn from its prior at each draw.
     :return: a ``DataFrame`` with one row per observed site and columns ``n`` (held-out
@@ -166,9 +171,23 @@ def predictive_metrics(obj, *args, model=None, max_draws: int = 1000, bins: int 
     sites = [s for s in posterior_sites if s in latent]
     if not sites:
         raise KeyError(f"the run has no draws of the model's latent sites {sorted(latent)} (it has {posterior_sites}).")
-    rows = {name: _metrics(*terms, bins) for name, terms in
-            _observed_terms(full, args, kwargs, _draws(obj, sites, max_draws), block).items()}
-    return pd.DataFrame.from_dict(rows, orient="index")
+    draws, chain = _draws(obj, sites, max_draws)
+    terms = _observed_terms(full, args, kwargs, draws, block)
+    if not per_chain:
+        return pd.DataFrame.from_dict({name: _metrics(*t, bins) for name, t in terms.items()}, orient="index")
+    return _per_chain_table(terms, chain, bins)
+
+
+def _per_chain_table(terms, chain, bins) -> pd.DataFrame:
+    """:func:`predictive_metrics`'s rows per ``(site, chain)`` (``chain``: each draw's), then ``(site, "all")``."""
+    rows = {}
+    for name, (log_p, extra, value, kind) in terms.items():
+        rows.update({(name, int(c)): _metrics(log_p[chain == c], extra[chain == c], value, kind, bins)
+                     for c in np.unique(chain)})
+        rows[(name, "all")] = _metrics(log_p, extra, value, kind, bins)
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index = pd.MultiIndex.from_tuples(table.index, names=["site", "chain"])
+    return table
 
 
 def _metrics(log_p, extra, value, kind, bins) -> dict:

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import random
 
-from numpyro_sg.infer.curvature import dense_or_fallback, positive_curvature, whitened_top_eigenvalue
+from numpyro_sg.infer.curvature import positive_curvature, whitened_top_eigenvalue
 from numpyro_sg.infer.laplace import NewtonResult, damped_newton, log_density_not_lower, scaled_gradient_not_larger
 from numpyro_sg.infer.preconditioner import Preconditioner
 from numpyro_sg.infer.warmup_options import WarmupOptions
@@ -55,14 +55,37 @@ def diagonal_preconditioner(programs, x, grad, neg_h, key, dtype):
     return Preconditioner(scale=scale / jnp.asarray(shrink, dtype)), stiffness, noise_heat
 
 
-def mode_preconditioner(programs, x, grad, curvature, dense: bool, key, dtype):
-    """The Laplace preconditioner at the mode x: dense from −H (d ≤ ``dense_max``), else diagonal
-    from the Fisher or Hutchinson diagonal (``WarmupOptions.diagonal``): ``(P, λ, h)``."""
+def preconditioner_diagonal(programs, x, curvature, key) -> np.ndarray:
+    """−diag H at x for the diagonal preconditioner (above ``dense_max`` coordinates): the
+    likelihood's Fisher diagonal plus the prior's (``WarmupOptions.diagonal="fisher"``, one
+    subsample plate), else ``curvature(x)`` (Hutchinson on the Hessian's rows), float64."""
+    if programs.options.diagonal == "fisher" and len(programs.mb.plates) == 1:
+        return programs.fisher_curvature(x, key)
+    return np.asarray(curvature(x), np.float64)
+
+
+def within_tolerance(grad, neg_h, tolerance: float) -> bool:
+    """Whether a point with gradient ``grad`` is within ``tolerance`` Laplace sds of the mode in
+    root mean square over coordinates, by the curvature diagonal ``neg_h``: the Newton step
+    g_j/c_j is g_j/√c_j sds, and √(Σ_j g_j²/c_j / d) ≤ ``tolerance``.  (At a draw of the diagonal
+    Laplace approximation Σ_j g_j²/c_j has mean d: the point is well inside the posterior.)"""
+    g = np.asarray(grad, np.float64)
+    c = positive_curvature(np.asarray(neg_h, np.float64))
+    return bool(np.all(np.isfinite(g)) and np.mean(g ** 2 / c) <= tolerance ** 2)
+
+
+def diagonal_refinement(programs, x, curvature, dtype, key):
+    """The Newton refinement above ``dense_max`` coordinates: ``(NewtonResult, −diag H at its
+    point for the preconditioner)``.  None when the optimizer's end x is already within
+    ``diagonal_tolerance`` sds of the mode by the preconditioner's diagonal
+    (:func:`within_tolerance`): a network's 16-probe Hutchinson diagonal is indefinite in a fifth
+    of its coordinates (digits classifier, 3,760 weights), and 8 Newton steps on it raised log π
+    by 0.02 nats and never met the per-coordinate test, where the Fisher diagonal put the
+    optimizer's end at 0.07 sds (root mean square)."""
     options = programs.options
-    if dense:
-        return dense_or_fallback(curvature(x), dtype), 1.0, 0.0
-    if options.diagonal == "fisher" and len(programs.mb.plates) == 1:
-        neg_h = programs.fisher_curvature(x, key)
-    else:
-        neg_h = curvature(x)
-    return diagonal_preconditioner(programs, x, grad, neg_h, key, dtype)
+    neg_h = preconditioner_diagonal(programs, x, curvature, key)
+    state = programs.full_value_and_grad(x)
+    if within_tolerance(state[1], neg_h, options.diagonal_tolerance):
+        return NewtonResult(point=x, state=state, converged=True, steps=0, stalled=False, damped=False), neg_h
+    newton = newton_refinement(programs.full_value_and_grad, x, curvature, options, False, dtype, programs.monte_carlo)
+    return newton, preconditioner_diagonal(programs, newton.point, curvature, key)

@@ -13,21 +13,20 @@ Before the chains start (inside the kernel's ``init``, so it counts in ``MCMC.ru
    whose gradient vanishes exactly there — a symmetric saddle, as in matrix factorisation —
    perturbed by ``symmetry_jitter``·ξ);
 2. **Newton refinement** — at most ``newton_steps`` damped Newton steps
-   θ ← θ + α·(−H)⁻¹·∇ log π(θ) (:func:`~numpyro_sg.infer.laplace.damped_newton`, the loop the
-   Laplace approximation uses) with the exact full-data gradient (one pass over the data in
-   chunks of ``chunk_size`` rows: memory O(chunk·d)) and the Hessian H from a random
-   subsample of ``hessian_rows`` rows scaled by N/m (exact when N ≤ ``hessian_rows``);
-   α is halved until log π does not decrease; converged when every step component is below
-   ``tolerance`` Laplace sds (``diagonal_tolerance`` with the diagonal Hessian used above
-   ``dense_max`` coordinates).
+   θ ← θ + α·(−H)⁻¹·∇ log π(θ) (:func:`~numpyro_sg.infer.laplace.damped_newton`) with the exact
+   full-data gradient (one pass in chunks of ``chunk_size`` rows: memory O(chunk·d)) and the
+   Hessian H from a random subsample of ``hessian_rows`` rows scaled by N/m (exact when N ≤
+   ``hessian_rows``); α is halved until log π does not decrease; converged when every step
+   component is below ``tolerance`` Laplace sds (``diagonal_tolerance`` with the diagonal Hessian
+   above ``dense_max`` coordinates, where no step is taken from an optimizer's end within it in
+   root mean square by the preconditioner's diagonal: :func:`~numpyro_sg.infer.refinement.diagonal_refinement`).
 
 The result, a :class:`ModeFit`, gives the Laplace covariance Σ̂ = (−H)⁻¹ at the mode as a
 :class:`~numpyro_sg.infer.preconditioner.Preconditioner` (dense up to ``dense_max``
 coordinates; above, a Fisher/Hutchinson diagonal shrunk for stiffness: :class:`WarmupOptions`),
-the control-variate anchor (θ̂ and its full-data gradient) and, up to ``dense_max`` coordinates,
-the gradient noise of one row and the gradient's steepness at the Laplace draws
-(:attr:`ModeFit.row_noise`, :attr:`ModeFit.drift_ratio`), from which the kernels' defaults choose
-their mini-batch size and step (:mod:`numpyro_sg.kernels.noise_plan`).
+the control-variate anchor (θ̂ and its full-data gradient) and, up to ``dense_max`` coordinates, the
+gradient noise of one row and the gradient's steepness at the Laplace draws (:attr:`ModeFit.row_noise`,
+:attr:`ModeFit.drift_ratio`): the kernels' defaults' mini-batch size and step (:mod:`numpyro_sg.kernels.noise_plan`).
 :func:`starting_points` starts the chains at θ̂ + ``jitter``·L·ξ, ξ ~ N(0, I) per chain.
 ``centre="variational"`` replaces steps 0–2 by a mean-field fit (:mod:`~numpyro_sg.infer.variational`).
 """
@@ -45,8 +44,8 @@ from jax import random
 from jax.flatten_util import ravel_pytree
 from numpyro.infer import init_to_uniform
 
-from numpyro_sg.infer.curvature import (columns_within_memory, hessian_from_products, hutchinson_diagonal,
-                                        noise_heat_of, whitened_top_eigenvalue)
+from numpyro_sg.infer.curvature import (columns_within_memory, dense_or_fallback, hessian_from_products,
+                                        hutchinson_diagonal, noise_heat_of, whitened_top_eigenvalue)
 from numpyro_sg.infer.fit_store import stored_fit
 from numpyro_sg.infer.jit_data import jit_with_data, on_device
 from numpyro_sg.infer.lapack_guard import map_over_draws
@@ -61,7 +60,7 @@ from numpyro_sg.infer.plates import subsample_plates
 from numpyro_sg.infer.programs import placement_key, tree_signature
 from numpyro_sg.infer.preconditioner import Preconditioner, laplace_draw
 from numpyro_sg.infer.progress import warmup_progress
-from numpyro_sg.infer.refinement import diagonal_preconditioner, mode_preconditioner, newton_refinement
+from numpyro_sg.infer.refinement import diagonal_preconditioner, diagonal_refinement, newton_refinement
 from numpyro_sg.infer.sharding import auto_view
 from numpyro_sg.infer.variational import adam_ascent, variational_adam
 from numpyro_sg.infer.warmup_options import ModeFit, WarmupOptions
@@ -299,10 +298,13 @@ def _mode_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         def curvature(y):
             bar.update(1)
             return raw_curvature(y)
-        newton = newton_refinement(programs.full_value_and_grad, x, curvature, options, dense, dtype, programs.monte_carlo)
+        newton, neg_h = (newton_refinement(programs.full_value_and_grad, x, curvature, options, dense, dtype,
+                                           programs.monte_carlo), None) if dense else \
+            diagonal_refinement(programs, x, curvature, dtype, key_probe)   # (and −diag H for the preconditioner)
         (x, (value, grad)) = newton.point, newton.state
         bar.set_postfix_str("preconditioner")
-        precond, stiffness, noise_heat = mode_preconditioner(programs, x, grad, curvature, dense, key_probe, dtype)
+        precond, stiffness, noise_heat = (dense_or_fallback(curvature(x), dtype), 1.0, 0.0) if dense else \
+            diagonal_preconditioner(programs, x, grad, neg_h, key_probe, dtype)
         row_noise = row_kick = drift = None
         if (dense and options.max_noise_inflation is not None and len(programs.mb.plates) == 1
                 and not programs.monte_carlo and not is_sharded(programs.mb)):

@@ -48,7 +48,10 @@ class WarmupOptions(Options):
     :param float diagonal_tolerance: above ``dense_max`` coordinates Newton uses the Hessian's
         diagonal only, a preconditioned gradient step that converges slowly on coupled
         coordinates (matrix factorisation); it has converged when every step component is
-        below this many Laplace sds (default 0.25: a start well inside the posterior).
+        below this many Laplace sds (default 0.25: a start well inside the posterior).  The
+        steps are skipped when the optimizer's end is within this many sds in root mean square
+        over coordinates by the preconditioner's diagonal
+        (:func:`~numpyro_sg.infer.refinement.diagonal_refinement`).
     :param int hutchinson_probes: Rademacher probes of the Hutchinson diagonal of the
         preconditioner (above ``dense_max``; the Newton steps use 16); its relative error per
         coordinate is about √(Σ_{l≠j} H_jl² / probes)/|H_jj|.

@@ -46,7 +46,8 @@ from numpyro_sg.kernels.data_cache import PerDataCache
 from numpyro_sg.kernels.noise_plan import kernel_noise_plan, slow_chain_remedy
 from numpyro_sg.locals.fitting import anchor_gradient, log_marginal_batcher
 from numpyro_sg.locals.model import integrate_locals
-from numpyro_sg.kernels.report import chain_moments, excursion_report, frozen_chains, frozen_report, misfit_report
+from numpyro_sg.kernels.report import (chain_moments, excursion_report, frozen_chains, frozen_report, misfit_report,
+                                       stiff_diagonal_remedy)
 
 __all__ = ["GradientKernel"]
 
@@ -235,10 +236,12 @@ class GradientKernel(SGKernel):
         return self.DEFAULT_STEP_SIZE * (1.0 if plain or plan is None else plan.step_scale)
 
     def slow_chain_remedy(self) -> str | None:
-        """Where the :attr:`noise_plan` shrank the default step: :func:`~numpyro_sg.kernels.noise_plan.slow_chain_remedy`."""
-        plan = self.noise_plan
-        return None if self.step_size is not None or plan is None else slow_chain_remedy(
-            plan, self.default_step_size(), self.BOUNDED_MOVES)
+        """:func:`~numpyro_sg.kernels.report.stiff_diagonal_remedy` (a stiff diagonal preconditioner), else where
+        the :attr:`noise_plan` shrank the default step :func:`~numpyro_sg.kernels.noise_plan.slow_chain_remedy`."""
+        plan, laplace = self.noise_plan, isinstance(self.preconditioner, str) and self.preconditioner == "laplace"
+        stiff = stiff_diagonal_remedy(self.mode_fit) if laplace else None
+        return stiff or (None if self.step_size is not None or plan is None else slow_chain_remedy(
+            plan, self.default_step_size(), self.BOUNDED_MOVES))
 
     def noise_inflation(self, step_size, noise, curvature=1.0):
         """The variance fraction noise c adds at ``step_size`` on a whitened Gaussian of curvature
