@@ -40,7 +40,6 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.flatten_util import ravel_pytree
 from numpyro.infer import MCMC
 from numpyro.infer.util import potential_energy
 

@@ -100,6 +100,25 @@ def test_categorical_and_gaussian_likelihoods():
     assert np.isnan(row["ece"]) and np.isnan(row["accuracy"])
 
 
+def test_held_out_score_is_the_tables_value_lower_is_better(logistic_run):
+    """``held_out_score`` (a tuner's metric) returns predictive_metrics's figures on the same
+    draws, turned so that lower is better; a score the likelihood has not is an error."""
+    mcmc, X, y = logistic_run
+    row = nsg.predictive_metrics(mcmc, X, y).loc["y"]
+    samples = {k: np.asarray(v) for k, v in mcmc.get_samples().items()}
+    for score, value in [("nll", -row["lpd"]), ("error", 1 - row["accuracy"]), ("ece", row["ece"]),
+                         ("mce", row["mce"])]:
+        assert nsg.held_out_score(logistic_regression_model, X, y, score=score)(samples) == pytest.approx(value, rel=1e-6)
+    nll = nsg.held_out_score(logistic_regression_model, X, y, block=64)
+    assert nll({"theta": samples["theta"][:10]}) == pytest.approx(
+        -nsg.predictive_metrics(from_dict(posterior={"theta": samples["theta"][None, :10]}), X, y,
+                                model=logistic_regression_model).loc["y", "lpd"], rel=1e-6)
+    with pytest.raises(ValueError, match="score='rmse' needs a mean likelihood at 'y', which is 'bernoulli'"):
+        nsg.held_out_score(logistic_regression_model, X, y, score="rmse")(samples)
+    with pytest.raises(ValueError, match="score must be one of"):
+        nsg.held_out_score(logistic_regression_model, X, y, score="loss")
+
+
 def test_calibration_errors_of_known_bins():
     # two bins: confidence 0.95 right 1/2 of the time (gap 0.45), 0.6 right always (gap 0.4)
     probs = np.array([[0.95, 0.05], [0.95, 0.05], [0.6, 0.4], [0.4, 0.6]])
@@ -120,3 +139,18 @@ def test_errors_name_what_is_missing(logistic_run):
                                model=logistic_regression_model)
     with pytest.raises(ValueError, match="no observed site"):
         nsg.predictive_metrics(mcmc, X)   # y=None: nothing observed
+
+
+def test_digits_split_and_network_classifier():
+    """The digits' split (pixels in [0, 1]) and the network's sites (64–100–10:
+    7,510 parameters) with its log-likelihood over a mini-batch of the plate."""
+    from numpyro_sg.datasets.networks import load_digits_split, mlp_classifier
+
+    data = load_digits_split(test=360, validation=287)
+    (Xt, yt), (Xv, _), (_, ys) = data["train"], data["validation"], data["test"]
+    assert (len(yt), len(Xv), len(ys)) == (1150, 287, 360) and Xt.dtype == np.float32
+    assert 0.0 <= Xt.min() and Xt.max() == 1.0 and set(np.unique(ys)) == set(range(10))
+    tr = numpyro.handlers.trace(numpyro.handlers.seed(mlp_classifier, 0)).get_trace(
+        jnp.asarray(Xt), jnp.asarray(yt), hidden=100, subsample_size=64)
+    assert sum(np.size(s["value"]) for s in tr.values() if s["type"] == "sample" and not s["is_observed"]) == 7510
+    assert tr["y"]["value"].shape == (64,)

@@ -33,7 +33,10 @@ from numpyro import handlers
 from numpyro_sg.diagnostics.full_data_scores import full_data_model
 from numpyro_sg.diagnostics.stein_runs import run_samples, thin_indices
 
-__all__ = ["calibration_errors", "predictive_metrics"]
+__all__ = ["calibration_errors", "held_out_score", "predictive_metrics"]
+
+#: what :func:`held_out_score` can return (each lower is better)
+HELD_OUT_SCORES = ("nll", "error", "ece", "mce", "rmse")
 
 
 def calibration_errors(probs, labels, bins: int = 15) -> tuple[float, float]:
@@ -91,10 +94,10 @@ def _likelihood_kind(fn, value):
         return "none", jnp.zeros(jnp.shape(value))
 
 
-def _observed_terms(model, args, kwargs, draws, block):
-    """Per observed site: ``(log p(y_i | θ_s) (S, n), probabilities or mean (S, …), y, kind)``,
-    evaluated ``block`` draws at a time in one compiled program."""
-    kinds = {}   # (filled while the program is traced)
+def _terms_program(model, args, kwargs):
+    """``(run, kinds)``: one compiled program of the observed sites' terms over a block of draws
+    (``run(draws, keys)``), and ``kinds`` {site: kind}, filled when it is first traced."""
+    kinds = {}
 
     def one(draw, key):
         tr = handlers.trace(handlers.substitute(handlers.seed(model, key), data=draw)).get_trace(*args, **kwargs)
@@ -105,10 +108,15 @@ def _observed_terms(model, args, kwargs, draws, block):
                 out[name] = (jnp.reshape(site["fn"].log_prob(site["value"]), (-1,)), extra, site["value"])
         return out
 
-    run = jax.jit(jax.vmap(one))
+    return jax.jit(jax.vmap(one)), kinds
+
+
+def _observed_terms(program, draws, block):
+    """Per observed site: ``(log p(y_i | θ_s) (S, n), probabilities or mean (S, …), y, kind)``,
+    evaluated ``block`` draws at a time by ``program`` (:func:`_terms_program`)."""
+    run, kinds = program
     S = len(next(iter(draws.values())))
-    block = min(block, S)
-    pad = -S % block   # (the last block filled with the last draw, then cut: one program)
+    pad = -S % block   # (the last block filled with the last draw, then cut: one program for any S)
     draws = {k: np.concatenate([v, np.repeat(v[-1:], pad, axis=0)]) for k, v in draws.items()}
     keys = jax.random.split(jax.random.PRNGKey(0), S + pad)   # (latent sites without draws)
     parts = [run({k: v[i:i + block] for k, v in draws.items()}, keys[i:i + block]) for i in range(0, S + pad, block)]
@@ -119,6 +127,14 @@ def _observed_terms(model, args, kwargs, draws, block):
     return {name: (np.concatenate([np.asarray(p[name][0], np.float64) for p in parts]),
                    np.concatenate([np.asarray(p[name][1], np.float64) for p in parts]),
                    np.asarray(parts[0][name][2])[0], kind) for name, kind in kinds.items()}
+
+
+def _held_out_model(model, args, kwargs):
+    """``(full-data model, its latent sites' shapes)`` on the held-out data."""
+    full = full_data_model(model, args, kwargs)
+    latent = jax.eval_shape(lambda: {k: v["value"] for k, v in handlers.trace(handlers.seed(full, 0)).get_trace(
+        *args, **kwargs).items() if v["type"] == "sample" and not v["is_observed"]})
+    return full, latent
 
 
 def predictive_metrics(obj, *args, model=None, max_draws: int = 1000, bins: int = 15,
@@ -164,18 +180,64 @@ def predictive_metrics(obj, *args, model=None, max_draws: int = 1000, bins: int 
     model = model if model is not None else getattr(getattr(obj, "sampler", None), "model", None)
     if model is None:
         raise ValueError("predictive_metrics: pass model= (an InferenceData does not hold its model).")
-    full = full_data_model(model, args, kwargs)
-    latent = jax.eval_shape(lambda: {k: v["value"] for k, v in handlers.trace(handlers.seed(full, 0)).get_trace(
-        *args, **kwargs).items() if v["type"] == "sample" and not v["is_observed"]})
+    full, latent = _held_out_model(model, args, kwargs)
     posterior_sites = list(run_samples(obj))
     sites = [s for s in posterior_sites if s in latent]
     if not sites:
         raise KeyError(f"the run has no draws of the model's latent sites {sorted(latent)} (it has {posterior_sites}).")
     draws, chain = _draws(obj, sites, max_draws)
-    terms = _observed_terms(full, args, kwargs, draws, block)
+    terms = _observed_terms(_terms_program(full, args, kwargs), draws, block)
     if not per_chain:
         return pd.DataFrame.from_dict({name: _metrics(*t, bins) for name, t in terms.items()}, orient="index")
     return _per_chain_table(terms, chain, bins)
+
+
+def held_out_score(model, *args, score: str = "nll", site: str | None = None, bins: int = 15,
+                   block: int = 100, **kwargs):
+    """A tuner's metric on held-out data: ``f(samples) -> float``, lower is better.
+
+    Pass it as ``metric=`` to :func:`~numpyro_sg.mamba` or :func:`~numpyro_sg.grid_search`
+    to pick a network's hyperparameters by its held-out predictive, as Coullon, South & Nemeth
+    (2023), "Efficient and generalizable tuning strategies for stochastic gradient MCMC",
+    judge networks (the grid search's log-loss; ECE and MCE).  ``samples`` are an arm's
+    constrained draws ``{site: (T, …)}``; the value is :func:`predictive_metrics`'s, pooled
+    over the draws: ``"nll"`` (−lpd, nats per observation), ``"error"`` (1 − accuracy),
+    ``"ece"``, ``"mce"`` or ``"rmse"``.  One program is compiled, at the first call, for every
+    arm and round.
+
+    :param model: the model.
+    :param args: its positional arguments on the held-out data.
+    :param str score: one of ``"nll"``, ``"error"``, ``"ece"``, ``"mce"``, ``"rmse"``.
+    :param site: the observed site scored (default: the model's only one).
+    :param int bins: confidence bins of the ECE and MCE.
+    :param int block: draws evaluated at once (memory: block × held-out rows × classes).
+    :param kwargs: the model's keyword arguments on the held-out data.
+
+    **Example:** ``nsg.mamba(partial(nsg.SGLD, net), grid, (X, y), metric=held_out_score(net, X_test, y_test))``.
+    """
+    if score not in HELD_OUT_SCORES:
+        raise ValueError(f"score must be one of {HELD_OUT_SCORES}, got {score!r}.")
+    full, latent = _held_out_model(model, args, kwargs)
+    program = _terms_program(full, args, kwargs)
+
+    def metric(samples) -> float:
+        draws = {k: np.asarray(v) for k, v in samples.items() if k in latent}
+        if not draws:
+            raise KeyError(f"no draws of the model's latent sites {sorted(latent)} (got {sorted(samples)}).")
+        terms = _observed_terms(program, draws, block)
+        name = site if site is not None else next(iter(terms)) if len(terms) == 1 else None
+        if name not in terms:
+            raise ValueError(f"site must name one of the observed sites {sorted(terms)}; got {site!r}.")
+        kind = terms[name][3]
+        if score != "nll" and (kind == "mean") != (score == "rmse") or kind == "none" and score != "nll":
+            raise ValueError(f"score={score!r} needs a {'mean' if score == 'rmse' else 'classification'} "
+                             f"likelihood at {name!r}, which is {kind!r}.")
+        row = _metrics(*terms[name], bins)
+        return float({"nll": -row["lpd"], "error": 1.0 - row["accuracy"], "ece": row["ece"],
+                      "mce": row["mce"], "rmse": row["rmse"]}[score])
+
+    metric.__name__ = f"held_out_{score}"
+    return metric
 
 
 def _per_chain_table(terms, chain, bins) -> pd.DataFrame:

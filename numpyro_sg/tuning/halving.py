@@ -75,8 +75,10 @@ class _Rounds:
         t0 = time.perf_counter()
         for batch in live:
             for arm in batch.arm_ids:
-                if batch.diverged(arm) or not self.pieces[arm]:
-                    self.results[arm] = unscored(diverged=batch.diverged(arm))
+                if batch.diverged(arm):
+                    self.results[arm] = unscored("diverged: a chain's state or gradient became non-finite")
+                elif not self.pieces[arm]:
+                    self.results[arm] = unscored("no draws: its share of the budget ran no iterations")
                 else:
                     self.results[arm] = self.scorer.score(self.pieces[arm])
         elapsed = time.perf_counter() - t0
@@ -93,7 +95,8 @@ class _Rounds:
                 "draws": num_draws(self.pieces[arm]),
                 "seconds": self.charged[arm] - sum(x["seconds"] for x in self.rows if x["arm"] == arm),
                 "ess": r["ess"], "ksd": r["ksd"], "se": r["se"], "score": r["score"],
-                "mixed": r["mixed"], "diverged": r["diverged"], "kept": arm in survivors,
+                "mixed": r["mixed"], "diverged": r["diverged"], "reason": r["reason"],
+                "kept": arm in survivors,
             })
 
     def play(self, rnd: int, rng_key) -> None:
@@ -121,9 +124,10 @@ def _result(rounds: _Rounds, *, start_all, overhead, batch_arms, make_kernel, me
     best = rounds.alive[0]
     pieces, result = rounds.pieces[best], rounds.results[best]
     if not pieces or math.isinf(result["score"]):
+        why = sorted({r["reason"] for r in rounds.results.values()})
         raise RuntimeError(
-            "every arm diverged or produced no draws within the budget; widen the grid towards "
-            "smaller step sizes or raise time_budget."
+            "no arm could be scored (" + "; ".join(why) + "); widen the grid towards smaller "
+            "step sizes or raise time_budget."
         )
     t0 = time.perf_counter()
     idata = arm_idata(rounds.scorer, pieces, result["stein"], rounds.charged[best], metric, criterion)
@@ -155,6 +159,7 @@ def _tune(make_kernel, grid, *, model_args, model_kwargs, time_budget, eta, metr
     """The body of :func:`mamba` (``halving=True``) and :func:`grid_search`."""
     start_all = time.perf_counter()
     deadline = start_all + time_budget
+    criterion = criterion if criterion is not None else "ess" if isinstance(metric, str) and metric == "ksd" else "plain"
     arms = check_arguments(grid, eta, metric, criterion, time_budget, thin, score_draws)
     model_args = tuple(model_args)
     model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
@@ -208,9 +213,11 @@ _DOC_ARGS = """
         out before the last round (a slow set-up), the remaining rounds are skipped with a
         warning and the best arm so far wins (``num_rounds`` reports the rounds played).
     :param metric: ``"ksd"`` (default), ``"fssd"``, or a callable ``f(samples) -> float``
-        (lower is better) given the constrained thinned draws ``{site: (T, …)}`` — e.g. a
-        held-out log-loss (``"fssd"`` and callables need ``criterion="plain"``).
-    :param str criterion: ``"ess"`` (default): max(KSD_U², 0) of each arm's draws thinned to
+        (lower is better) given the constrained thinned draws ``{site: (T, …)}`` — e.g.
+        :func:`~numpyro_sg.held_out_score`, a held-out log-loss, ECE or error rate (``"fssd"``
+        and callables are scored with ``criterion="plain"``).
+    :param str criterion: ``None`` (default): ``"ess"`` for the KSD, else ``"plain"``.
+        ``"ess"``: max(KSD_U², 0) of each arm's draws thinned to
         one per effective sample, plus its standard error — an estimate of the arm's bias that does
         not punish slow mixing, where an arm with few effective draws pays through its
         standard error; ``"plain"``: the KSD of Coullon, South & Nemeth (2023) (V-statistic,
@@ -254,7 +261,7 @@ def _shared_parameters(fn):
 
 @_shared_parameters
 def mamba(make_kernel: Callable, grid: dict, model_args=(), model_kwargs=None, *,
-          time_budget: float = 30.0, eta: int = 3, metric="ksd", criterion: str = "ess",
+          time_budget: float = 30.0, eta: int = 3, metric="ksd", criterion: str | None = None,
           thin: int = 10, rng_key=None, preconditioner="laplace", score_draws: int | None = 500,
           score_subsample: int = 1000, ksd_options: dict | None = None, init_params="laplace",
           vectorize: bool = True) -> TuningResult:
@@ -287,7 +294,7 @@ def mamba(make_kernel: Callable, grid: dict, model_args=(), model_kwargs=None, *
 
 @_shared_parameters
 def grid_search(make_kernel: Callable, grid: dict, model_args=(), model_kwargs=None, *,
-                time_budget: float = 30.0, metric="ksd", criterion: str = "ess", thin: int = 10,
+                time_budget: float = 30.0, metric="ksd", criterion: str | None = None, thin: int = 10,
                 rng_key=None, preconditioner="laplace", score_draws: int | None = 500,
                 score_subsample: int = 1000, ksd_options: dict | None = None,
                 init_params="laplace", vectorize: bool = True) -> TuningResult:

@@ -64,7 +64,8 @@ class TuningResult:
         compares arms at equal *time*, so a cheap, slowly mixing arm (small mini-batch, small
         step) can win; it then needs more iterations than a user might guess."""
         if not (self.ess_per_iteration > 0):
-            raise ValueError("the winner's effective draws per iteration are unknown (criterion='plain').")
+            raise ValueError("the winner's effective draws per iteration are unknown: with criterion='plain' "
+                             "(the default for metric='fssd' and for a metric of your own) no ESS is measured.")
         return int(math.ceil(ess / self.ess_per_iteration))
 
     def best_kernel(self):

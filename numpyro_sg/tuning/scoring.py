@@ -158,7 +158,7 @@ class Scorer:
             c, n = jax.tree.leaves(z)[0].shape[:2]
             x, discrete = self.coordinates(jax.tree.map(lambda v: np.asarray(v).reshape((c * n,) + v.shape[2:]), z))
             if not np.all(np.isfinite(x)):
-                return unscored(diverged=True)
+                return unscored("diverged: non-finite draws")
             e = bulk_ess(x.reshape(c, n, -1), quantile=0.5) if n >= 8 else 0.0
             ess += e
             lag = max(int(round(c * n / max(e, 1.0))), 1)  # one kept draw per effective draw
@@ -169,15 +169,16 @@ class Scorer:
         keep = even_indices(x.shape[0], self.score_draws)
         x, discrete = x[keep], {k: v[keep] for k, v in discrete.items()}
         if x.shape[0] < 4:
-            return {**unscored(), "ess": ess}
+            return {**unscored(f"its draws are autocorrelated over the whole run (ESS {ess:.1f}): "
+                               f"{x.shape[0]} left after thinning to one per effective draw, too few to score (4)"), "ess": ess}
         s = self._score_points(x, discrete)
         if not np.all(np.isfinite(s)):
-            return unscored(diverged=True)
+            return unscored("diverged: non-finite gradient of log density at its draws")
         options = {k: v for k, v in self.ksd_options.items() if k in ("c", "beta")}
         u, se = ksd_u_statistic(x, s, preconditioner=self.scales,
                                 num_blocks=min(NUM_BLOCKS, x.shape[0] // 2), **options)
         return {"score": max(u, 0.0) + se, "ksd": float(signed_sqrt(u)), "se": se, "ess": ess,
-                "mixed": ess >= MIN_ESS, "diverged": False, "stein": (x, s)}
+                "mixed": ess >= MIN_ESS, "diverged": False, "reason": "", "stein": (x, s)}
 
     def _score_plain(self, pieces) -> dict:
         z = pooled(pieces)
@@ -185,18 +186,20 @@ class Scorer:
         z = jax.tree.map(lambda v: v[keep], z)
         if callable(self.metric):
             value = float(self.metric(self.constrained(z)))
+            if not np.isfinite(value):
+                return unscored(f"the metric is {value} at its draws")
             return {"score": value, "ksd": np.nan, "se": np.nan, "ess": np.nan, "mixed": True,
-                    "diverged": False, "stein": None}
+                    "diverged": False, "reason": "", "stein": None}
         x, discrete = self.coordinates(z)
         if not np.all(np.isfinite(x)):
-            return unscored(diverged=True)
+            return unscored("diverged: non-finite draws")
         s = self.scores.score(x, discrete)
         if not np.all(np.isfinite(s)):
-            return unscored(diverged=True)
+            return unscored("diverged: non-finite gradient of log density at its draws")
         fn = fssd if self.metric == "fssd" else ksd
         value = float(fn(x, scores=s, preconditioner=self.scales, **self.ksd_options))
         return {"score": value, "ksd": value if self.metric == "ksd" else np.nan, "se": np.nan,
-                "ess": np.nan, "mixed": True, "diverged": False, "stein": (x, s)}
+                "ess": np.nan, "mixed": True, "diverged": False, "reason": "", "stein": (x, s)}
 
 
 def pooled(pieces) -> dict:
@@ -210,10 +213,11 @@ def num_draws(pieces) -> int:
     return int(sum(np.prod(jax.tree.leaves(z)[0].shape[:2]) for z in pieces))
 
 
-def unscored(diverged: bool = False) -> dict:
-    """The score of a diverged arm (non-finite draws or scores), or of one without draws to score."""
+def unscored(reason: str) -> dict:
+    """The score (``inf``) of an arm that could not be scored, and why (``reason``: one that
+    starts with "diverged" marks the arm ``diverged``)."""
     return {"score": math.inf, "ksd": math.inf, "se": np.nan, "ess": 0.0, "mixed": False,
-            "diverged": diverged, "stein": None}
+            "diverged": reason.startswith("diverged"), "reason": reason, "stein": None}
 
 
 def even_indices(num: int, at_most: int | None) -> np.ndarray:
