@@ -352,3 +352,42 @@ def test_bulk_ess_and_a_shared_mode_fit():
     assert kernel.mode_fit is fit
     with pytest.raises(TypeError, match="ModeFit"):
         kernel.use_mode_fit({"mode": 0})
+
+
+def _diabetes_network(X, y=None, subsample_size=50):
+    """A 10–32–1 tanh regression network with a HalfNormal noise sd (385 parameters)."""
+    N, D = X.shape
+    W1 = numpyro.sample("W1", dist.Normal(0, 1).expand([D, 32]).to_event(2))
+    b1 = numpyro.sample("b1", dist.Normal(0, 1).expand([32]).to_event(1))
+    W2 = numpyro.sample("W2", dist.Normal(0, 1 / np.sqrt(32)).expand([32]).to_event(1))
+    b2 = numpyro.sample("b2", dist.Normal(0, 1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    with numpyro.plate("data", N, subsample_size=min(subsample_size, N)):
+        Xb = numpyro.subsample(X, event_dim=1)
+        yb = numpyro.subsample(y, event_dim=0) if y is not None else None
+        numpyro.sample("y", dist.Normal(jax.numpy.tanh(Xb @ W1 + b1) @ W2 + b2, sigma), obs=yb)
+
+
+@pytest.mark.slow
+def test_an_interpolating_mode_is_reported_and_the_variational_centre_recovers_the_noise_sd():
+    """An over-parameterised regression network (scikit-learn's diabetes data, 350 rows): the
+    mode search's highest mode interpolates (σ ≈ 0.07, where NUTS gives 0.65) and the warmup's
+    multimodality warning names the remedy; applying it (a variational centre) gives σ within
+    15 % of NUTS's posterior mean (measured 0.679 against 0.646; the defaults' chains stay
+    at 0.066, so the assertion fails without the remedy)."""
+    from sklearn.datasets import load_diabetes
+
+    X, y = load_diabetes(return_X_y=True)
+    X, y = (X - X.mean(0)) / X.std(0), (y - y.mean()) / y.std()
+    rows = np.random.default_rng(0).permutation(len(y))[:350]
+    X, y = jax.numpy.asarray(X[rows], np.float32), jax.numpy.asarray(y[rows], np.float32)
+    with pytest.warns(nsg.ConvergenceWarning, match=r"warmup_options=\{'centre': 'variational'\}"):
+        _run(nsg.SGLD(_diabetes_network), X, y, num_warmup=10, num_samples=10, num_chains=1)
+    nuts = MCMC(numpyro.infer.NUTS(_diabetes_network), num_warmup=300, num_samples=300, progress_bar=False)
+    nuts.run(jax.random.PRNGKey(1), X, y, subsample_size=350)
+    reference = float(np.mean(nuts.get_samples()["sigma"]))
+    kernel = nsg.SGLD(_diabetes_network, warmup_options={"centre": "variational"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # R̂ across the network's modes
+        sigma = _run(kernel, X, y).get_samples()["sigma"]
+    assert abs(float(np.mean(sigma)) - reference) < 0.15 * reference

@@ -307,7 +307,10 @@ class ModeFit:
                 "multimodal (e.g. a mixture's label switching or empty components). The chains "
                 "start at the highest mode found and explore it only; raise warmup_options="
                 "{'num_starts': …} to search more widely (the starts' end log densities are in "
-                "kernel.mode_fit.start_log_densities).")
+                "kernel.mode_fit.start_log_densities). If the highest mode may be a narrow peak "
+                "that holds little of the posterior's mass (an over-parameterised model, e.g. a "
+                "network whose noise scale shrinks to fit the data), centre the warmup on a "
+                "variational fit instead: warmup_options={'centre': 'variational'}.")
 
     @property
     def scales(self) -> np.ndarray:
