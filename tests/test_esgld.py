@@ -773,3 +773,15 @@ def test_defaults_match_nuts_given_the_selected_model_on_breast_cancer():
 @pytest.mark.slow
 def test_defaults_match_nuts_given_the_selected_model_on_breast_cancer_long():
     _check_breast_cancer(1500, 3000)
+
+
+def test_init_to_value_sets_the_starting_indicator(small_data):
+    """``init_to_value`` naming the indicator sets γ's start (else γ starts at 0)."""
+    X, y, _, _ = small_data
+    start = np.array([1, 1, 1, 0, 1, 0, 0, 1], np.int32)
+    kernel = nsg.ESGLD(lin_model, init_strategy=numpyro.infer.init_to_value(values={"gamma": start}))
+    state = kernel.init(jax.random.PRNGKey(0), 0, None, (X, y), {})
+    np.testing.assert_array_equal(np.asarray(state.z["gamma"]), start)
+    assert int(state.model_size) == 5
+    plain = nsg.ESGLD(lin_model).init(jax.random.PRNGKey(0), 0, None, (X, y), {})
+    assert int(np.asarray(plain.z["gamma"]).sum()) == 0

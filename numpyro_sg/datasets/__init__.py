@@ -5,8 +5,8 @@ posteriordb reference posteriors.
   the matching NumPyro models (every public name is re-exported here);
 * :mod:`~numpyro_sg.datasets.ratings`: matrix-factorisation models (BPMF, PPMF), the ratings
   simulator and the offline MovieLens loader (re-exported here);
-* :mod:`~numpyro_sg.datasets.networks`: a one-hidden-layer network classifier and scikit-learn's
-  handwritten digits;
+* :mod:`~numpyro_sg.datasets.networks`: a one-hidden-layer network classifier, a LeNet with
+  spike-and-slab fully connected layers and scikit-learn's handwritten digits;
 * :mod:`~numpyro_sg.datasets.posteriordb`: reference draws of posteriordb posteriors;
 * :mod:`~numpyro_sg.datasets.reproductions`: the skew-normal toy target and the figure helpers
   of the published SGBD experiments.

@@ -102,6 +102,7 @@ from numpyro_sg.spike_slab.initial import (  # noqa: F401
     initial_values,
     site_types,
     start_fn,
+    strategy_indicator,
 )
 from numpyro_sg.spike_slab.sites import SpikeSlabSites
 from numpyro_sg.spike_slab.structure import (  # noqa: F401

@@ -15,7 +15,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 from numpyro.distributions.transforms import biject_to
-from numpyro.infer.initialization import init_to_sample, init_to_uniform
+from numpyro.infer.initialization import init_to_sample, init_to_uniform, init_to_value
 
 from numpyro_sg.infer.model_info import ModelInfo, trace_model
 from numpyro_sg.spike_slab.structure import SpikeSlab, SpikeSlabError
@@ -36,6 +36,24 @@ def init_to_spike(site=None, coefficient=None):
     if site["name"] == coefficient:
         return init_to_sample(site)
     return init_to_uniform(site)
+
+
+def strategy_indicator(init_strategy, indicator: str, num_chains=None):
+    """The starting indicator that ``init_strategy`` names, or ``None``: the value of
+    ``init_to_value(values={indicator: γ0, ...})`` (as int32, repeated per chain when
+    ``num_chains`` is set).  Any other strategy leaves the indicator's start to the kernel (0).
+
+    >>> from numpyro.infer import init_to_value
+    >>> strategy_indicator(init_to_value(values={"delta": [1, 0, 1]}), "delta", 2).tolist()
+    [[1, 0, 1], [1, 0, 1]]
+    """
+    if not (isinstance(init_strategy, partial) and init_strategy.func is init_to_value):
+        return None
+    value = init_strategy.keywords.get("values", {}).get(indicator)
+    if value is None:
+        return None
+    value = jnp.asarray(value).astype(jnp.int32)
+    return value if num_chains is None else jnp.broadcast_to(value, (num_chains,) + value.shape[-1:])
 
 
 def _from_unconstrained(params, site):
@@ -97,7 +115,7 @@ def initial_values(ss: SpikeSlab, rng_key, init_params, init_strategy, model_arg
 
     ``init_params`` (a dict of unconstrained continuous site values, optionally with the
     indicator; names in ``ignore`` are dropped) is used as given.  Otherwise the indicator
-    starts at 0 and the continuous sites come from ``init_strategy`` (default
+    starts at ``init_to_value``'s value for it (:func:`strategy_indicator`), else at 0, and the continuous sites come from ``init_strategy`` (default
     :func:`init_to_spike`: the coefficients from the spike, which the search for a model
     needs) with the model conditioned on γ = 0, in one model trace
     (:func:`start_fn`, vectorised over chains).  ``num_chains``: ``None`` for one chain
@@ -121,6 +139,8 @@ def initial_values(ss: SpikeSlab, rng_key, init_params, init_strategy, model_arg
         start = start_fn(ss, model_args, model_kwargs, init_strategy)
         draw = lambda key: start(key).params  # noqa: E731
         init_params = draw(rng_key) if num_chains is None else jax.vmap(draw)(rng_key)
+    if indicator is None:
+        indicator = strategy_indicator(init_strategy, ss.indicator, num_chains)
     if indicator is None:
         indicator = jnp.zeros((p,) if num_chains is None else (num_chains, p), jnp.int32)
     return init_params, jnp.asarray(indicator)

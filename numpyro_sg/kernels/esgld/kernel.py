@@ -31,7 +31,14 @@ from numpyro_sg.kernels.esgld.options import (
 from numpyro_sg.kernels.esgld.step import ESGLDState, esgld_initial_state, esgld_step
 from numpyro_sg.kernels.esgld.warmup import coefficient_index, initial_mode, start_at_mode
 from numpyro_sg.kernels.esgld.weights import proposal_weights, resolve_proposal_weights
-from numpyro_sg.spike_slab import SpikeSlab, SpikeSlabSites, effective_site_name, find_spike_slab, start_fn
+from numpyro_sg.spike_slab import (
+    SpikeSlab,
+    SpikeSlabSites,
+    effective_site_name,
+    find_spike_slab,
+    start_fn,
+    strategy_indicator,
+)
 
 
 class ESGLD(SGKernel):
@@ -310,7 +317,7 @@ class ESGLD(SGKernel):
         if isinstance(self._mb, ShardedMinibatcher):  # (shard_map cannot run under compile-time eval)
             self._mb.check_plate_sizes(model_args, model_kwargs)
         ss, rows = setup.spike_slab, setup.weight_rows
-        given, gamma0 = _given_start(ss, init_params, setup.inclusion_name, num_chains)
+        given, gamma0 = _given_start(ss, init_params, setup.inclusion_name, num_chains, self._init_strategy)
         if not isinstance(gamma0, jax.core.Tracer) and bool(jnp.any(jnp.sum(gamma0, -1) > setup.max_model_size)):
             raise ValueError(f"The initial indicator has more than max_model_size = {setup.max_model_size} ones.")
         hyper = esgld_hyperparameters(self.step_size, self.temperature, setup.dim, setup.preconditioner,
@@ -365,13 +372,16 @@ class ESGLD(SGKernel):
         return out
 
 
-def _given_start(ss: SpikeSlab, init_params, inclusion_name, num_chains):
-    """(given unconstrained continuous values or None, starting indicator as int32)."""
+def _given_start(ss: SpikeSlab, init_params, inclusion_name, num_chains, init_strategy=None):
+    """(given unconstrained continuous values or None, starting indicator as int32: from
+    ``init_params``, else ``init_to_value``'s, else 0)."""
     given, gamma = None, None
     if init_params is not None:
         given = {k: v for k, v in dict(init_params).items() if k not in (ss.indicator, inclusion_name)}
         gamma = dict(init_params).get(ss.indicator)
         given = given or None
+    if gamma is None:
+        gamma = strategy_indicator(init_strategy, ss.indicator, num_chains)
     if gamma is None:
         gamma = jnp.zeros((ss.num_coefficients,) if num_chains is None else (num_chains, ss.num_coefficients))
     return given, jnp.asarray(gamma).astype(jnp.int32)

@@ -21,7 +21,13 @@ from numpyro_sg.kernels.sparse_async.options import (
     resolve_inner,
     step_options,
 )
-from numpyro_sg.spike_slab import CoordinateNormal, SpikeSlabError, effective_site_name, init_to_spike
+from numpyro_sg.spike_slab import (
+    CoordinateNormal,
+    SpikeSlabError,
+    effective_site_name,
+    init_to_spike,
+    strategy_indicator,
+)
 from numpyro_sg.spike_slab.glm import design_array, family_of, per_element_log_prob
 
 #: the entry of ``state.z`` holding the key of the output's spike draws
@@ -159,7 +165,7 @@ def spike_draws(prior: CoordinateNormal, coefficient, key, num_chains):
 def initial_values(plan, constants, key_init, init_params, init_strategy, num_chains, model_args,
                    model_kwargs):
     """``(continuous unconstrained params, δ)`` of the start: the user's ``init_params``, else
-    θ from the spike (without a trace on the fast path) and δ = 0."""
+    θ from the spike (without a trace on the fast path) and δ from ``init_to_value``, else 0."""
     ss = plan.ss
     params, delta = split_init_params(ss, init_params)
     if not params and plan.fast and init_strategy is None:
@@ -169,6 +175,8 @@ def initial_values(plan, constants, key_init, init_params, init_strategy, num_ch
         zeros = jnp.zeros((ss.num_coefficients,), jnp.int32)
         params = trace_model(ss.conditioned(zeros), model_args, model_kwargs,
                              init_strategy=strategy, rng_key=key_init).init_values
+    if delta is None:
+        delta = strategy_indicator(init_strategy, ss.indicator, num_chains)
     if delta is None:
         shape = (ss.num_coefficients,) if num_chains is None else (num_chains, ss.num_coefficients)
         delta = jnp.zeros(shape, jnp.int32)
