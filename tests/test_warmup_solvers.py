@@ -282,3 +282,19 @@ def test_network_warmup_takes_no_diagonal_newton_step_from_an_optimum_and_report
     assert fit.mode.shape == (353,) and fit.preconditioner.chol is None
     assert fit.converged and fit.newton_steps == 0
     assert np.all(np.isfinite(np.asarray(fit.grad))) and fit.data_passes == 2
+
+
+def test_an_unconverged_diagonal_fit_does_not_advise_more_steps():
+    """Above dense_max coordinates (a diagonal preconditioner) an unconverged Newton phase is
+    reported with the remedy that works (held-out predictions), not more steps; a dense fit
+    keeps the advice to raise them; a converged fit says nothing."""
+    from numpyro_sg.infer.preconditioner import Preconditioner
+    from numpyro_sg.infer.warmup_options import ModeFit
+
+    common = dict(mode=np.zeros(3), grad=np.ones(3), log_density=0.0, newton_steps=8, seconds=1.0)
+    diagonal = ModeFit(preconditioner=Preconditioner(scale=np.array([1.0, 0.1, 0.01])), converged=False, **common)
+    text = diagonal.nonconvergence()
+    assert "do not help" in text and "predictive_metrics" in text and "newton_steps" not in text
+    dense = ModeFit(preconditioner=Preconditioner(chol=np.eye(3)), converged=False, **common)
+    assert "newton_steps" in dense.nonconvergence()
+    assert ModeFit(preconditioner=Preconditioner(chol=np.eye(3)), converged=True, **common).nonconvergence() is None

@@ -172,19 +172,9 @@ class GradientKernel(SGKernel):
 
     def _search_mode(self, info, model_args, model_kwargs):
         fit = find_mode(log_marginal_batcher(self._mb), info, self._unravel, model_args, model_kwargs, self.warmup_options)
-        if not fit.converged:
-            warnings.warn(
-                f"{type(self).__name__}: the warmup's mode search did not converge in "
-                f"{fit.newton_steps} Newton steps (the log posterior may have no mode, or a flat or "
-                f"non-concave region near it; the curvature's condition number there is "
-                f"{fit.condition_number:.2g}); the Laplace preconditioner and the chains' "
-                "start may be poor. Check the model, raise warmup_options={'newton_steps': …, "
-                "'optimizer_steps': …}, or pass init_strategy and preconditioner='adapt'.",
-                ConvergenceWarning, stacklevel=4,
-            )
-        message = fit.multimodality(self.warmup_options.multimodal_gap)
-        if message:
-            warnings.warn(f"{type(self).__name__}: {message}", ConvergenceWarning, stacklevel=4)
+        for message in (fit.nonconvergence(), fit.multimodality(self.warmup_options.multimodal_gap)):
+            if message:
+                warnings.warn(f"{type(self).__name__}: {message}", ConvergenceWarning, stacklevel=4)
         return anchor_gradient(self._mb, fit, self._unravel, model_args, model_kwargs, self.warmup_options.chunk_size)
 
     def _geometry(self, fit: ModeFit | None, dim: int, dtype):
