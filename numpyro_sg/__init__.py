@@ -14,7 +14,7 @@ from numpyro_sg.results.inference_data import to_inference_data
 from numpyro_sg.results.summary import posterior_summary
 from numpyro_sg.diagnostics.convergence import ConvergenceWarning, check_convergence
 from numpyro_sg.diagnostics.ksd import ksd_path, ksd_per_coordinate
-from numpyro_sg.diagnostics.predictive import held_out_score, predictive_metrics
+from numpyro_sg.diagnostics.predictive import held_out_score, posterior_predictive, predictive_metrics
 from numpyro_sg.diagnostics.plots import plot_ksd_path
 from numpyro_sg.diagnostics.stein import fssd, ksd
 from numpyro_sg.infer.minibatch import find_subsample_plates
@@ -47,6 +47,7 @@ __all__ = [
     "fssd",
     "predictive_metrics",
     "held_out_score",
+    "posterior_predictive",
     "plot_ksd_path",
     "nuts_reference",
     "compare_to_reference",

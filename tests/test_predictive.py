@@ -154,3 +154,31 @@ def test_digits_split_and_network_classifier():
         jnp.asarray(Xt), jnp.asarray(yt), hidden=100, subsample_size=64)
     assert sum(np.size(s["value"]) for s in tr.values() if s["type"] == "sample" and not s["is_observed"]) == 7510
     assert tr["y"]["value"].shape == (64,)
+
+
+def test_posterior_predictive_is_numpyros_predictive_over_every_row_and_an_arviz_group(logistic_run):
+    """Without subsampling the draws are NumPyro's ``Predictive`` ones (same keys: 600 draws, a
+    multiple of the block, so the keys split alike), reshaped (chain, draw, row); with a
+    subsample plate of 50 every one of the 300 rows is still predicted (``Predictive`` gives
+    50).  ``to_inference_data(predictions=...)`` stores them as ArviZ's ``predictions`` group."""
+    from numpyro.infer import Predictive
+
+    from numpyro_sg.arviz_compat import get_group
+
+    mcmc, X, y = logistic_run
+    key = jax.random.PRNGKey(5)
+    ours = nsg.posterior_predictive(mcmc, X, rng_key=key, subsample_size=len(y))
+    theirs = Predictive(logistic_regression_model, mcmc.get_samples())(key, X, subsample_size=len(y))["y"]
+    assert set(ours) == {"y"} and ours["y"].shape == (2, 300, 300)
+    np.testing.assert_array_equal(ours["y"].reshape(600, 300), np.asarray(theirs))
+    sub = nsg.posterior_predictive(mcmc, X, subsample_size=50)["y"]
+    assert sub.shape == (2, 300, 300)
+    assert Predictive(logistic_regression_model, mcmc.get_samples())(key, X, subsample_size=50)["y"].shape == (600, 50)
+    # the predictive frequency of y = 1 follows the posterior mean probability, row by row
+    theta = np.asarray(mcmc.get_samples()["theta"], np.float64)
+    p1 = np.mean(1.0 / (1.0 + np.exp(-(theta @ np.asarray(X, np.float64).T))), axis=0)
+    assert np.max(np.abs(sub.reshape(600, 300).mean(0) - p1)) < 0.1   # 600 Bernoulli draws: sd ≤ 0.02
+    idata = nsg.to_inference_data(mcmc, ksd=False, check=False, predictions={"y": sub})
+    assert get_group(idata, "predictions")["y"].shape == (2, 300, 300)
+    with pytest.raises(ValueError, match="leave the observations out"):
+        nsg.posterior_predictive(mcmc, X, y)

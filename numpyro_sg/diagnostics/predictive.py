@@ -32,8 +32,9 @@ from numpyro import handlers
 
 from numpyro_sg.diagnostics.full_data_scores import full_data_model
 from numpyro_sg.diagnostics.stein_runs import run_samples, thin_indices
+from numpyro_sg.infer.handlers import with_indices
 
-__all__ = ["calibration_errors", "held_out_score", "predictive_metrics"]
+__all__ = ["calibration_errors", "held_out_score", "posterior_predictive", "predictive_metrics"]
 
 #: what :func:`held_out_score` can return (each lower is better)
 HELD_OUT_SCORES = ("nll", "error", "ece", "mce", "rmse")
@@ -190,6 +191,66 @@ def predictive_metrics(obj, *args, model=None, max_draws: int = 1000, bins: int 
     if not per_chain:
         return pd.DataFrame.from_dict({name: _metrics(*t, bins) for name, t in terms.items()}, orient="index")
     return _per_chain_table(terms, chain, bins)
+
+
+def posterior_predictive(obj, *args, model=None, rng_key=None, block: int = 100, **kwargs) -> dict:
+    """Posterior predictive draws on new data, every row: ArviZ's ``predictions`` group.
+
+    What ``numpyro.infer.Predictive(model, mcmc.get_samples())(rng_key, *args)`` returns, with
+    two differences a subsample plate needs: every subsample plate runs over all of its rows
+    (``Predictive`` would predict a random mini-batch of them), and the draws keep their
+    chains, shape (chains, draws, …).  Each sample site without posterior draws is returned (the
+    observed sites, run with their observations left out, and the effects of groups the run
+    never saw, from their prior), evaluated ``block`` draws at a time by one compiled program.
+
+    :param obj: a NumPyro ``MCMC`` after ``run`` (its model is used) or an ``InferenceData``
+        (then pass ``model=``).
+    :param args: the model's positional arguments on the new data, the observations left out
+        (``None``) as for prediction.
+    :param rng_key: a JAX key (default ``PRNGKey(0)``).
+    :param kwargs: the model's keyword arguments on the new data.
+    :return: ``{site: numpy array (chains, draws, …)}``, e.g. for
+        ``nsg.to_inference_data(mcmc, predictions=..., predictions_constant_data={"X": X_new})``.
+
+    **Example:**
+
+    >>> import jax
+    >>> from numpyro.infer import MCMC, NUTS
+    >>> import numpyro_sg as nsg
+    >>> from numpyro_sg.datasets import logistic_regression_model, simulate_logistic_regression
+    >>> X, y, _ = simulate_logistic_regression(num_data=600, dim=3)
+    >>> mcmc = MCMC(NUTS(logistic_regression_model), num_warmup=100, num_samples=100, progress_bar=False)
+    >>> mcmc.run(jax.random.PRNGKey(0), X[:500], y[:500])
+    >>> nsg.posterior_predictive(mcmc, X[500:], subsample_size=50)["y"].shape   # all 100 rows
+    (1, 100, 100)
+    """
+    model = model if model is not None else getattr(getattr(obj, "sampler", None), "model", None)
+    if model is None:
+        raise ValueError("posterior_predictive: pass model= (an InferenceData does not hold its model).")
+    tr = handlers.trace(handlers.seed(model, 0)).get_trace(*args, **kwargs)   # (the plates, y left out)
+    full = with_indices(model, {k: jnp.arange(v["args"][0]) for k, v in tr.items()
+                                if v["type"] == "plate" and v["args"][1] < v["args"][0]})
+    latent = [k for k, v in tr.items() if v["type"] == "sample" and not v["is_observed"]]
+    samples = run_samples(obj)
+    sites = [k for k in samples if k in latent]
+    new = sorted(set(latent) - set(sites))
+    if not new:
+        raise ValueError(f"posterior_predictive: every sample site of the model ({sorted(latent)}) has posterior "
+                         "draws; leave the observations out (y=None) to predict them.")
+    chains, draws = samples[sites[0]].shape[:2] if sites else (1, 1)
+    flat = {k: samples[k].reshape((chains * draws,) + samples[k].shape[2:]) for k in sites}
+
+    def one(draw, key):
+        tr = handlers.trace(handlers.seed(handlers.substitute(full, data=draw), key)).get_trace(*args, **kwargs)
+        return {k: tr[k]["value"] for k in new}   # (seed outside substitute, as in Predictive)
+
+    run = jax.jit(jax.vmap(one))
+    S, pad = chains * draws, -(chains * draws) % block
+    flat = {k: np.concatenate([v, np.repeat(v[-1:], pad, axis=0)]) for k, v in flat.items()}
+    keys = jax.random.split(jax.random.PRNGKey(0) if rng_key is None else rng_key, S + pad)
+    parts = [run({k: v[i:i + block] for k, v in flat.items()}, keys[i:i + block]) for i in range(0, S + pad, block)]
+    return {k: np.concatenate([np.asarray(p[k]) for p in parts])[:S].reshape((chains, draws) + parts[0][k].shape[1:])
+            for k in new}
 
 
 def held_out_score(model, *args, score: str = "nll", site: str | None = None, bins: int = 15,
