@@ -112,17 +112,25 @@ def _terms_program(model, args, kwargs):
     return jax.jit(jax.vmap(one)), kinds
 
 
+def _in_blocks(run, draws, block, key) -> list:
+    """``run(draws, keys)`` on ``block`` draws at a time with one key per draw (``S`` keys split
+    from ``key``, as ``numpyro.infer.Predictive`` does): the blocks' outputs, the last one
+    filled with the last draw and then cut, so that one program serves any number of draws."""
+    S = len(next(iter(draws.values())))
+    pad = -S % block
+    draws = {k: np.concatenate([v, np.repeat(v[-1:], pad, axis=0)]) for k, v in draws.items()}
+    keys = jax.random.split(key, S + pad)
+    parts = [run({k: v[i:i + block] for k, v in draws.items()}, keys[i:i + block]) for i in range(0, S + pad, block)]
+    if pad:
+        parts[-1] = jax.tree_util.tree_map(lambda a: a[:block - pad], parts[-1])
+    return parts
+
+
 def _observed_terms(program, draws, block):
     """Per observed site: ``(log p(y_i | θ_s) (S, n), probabilities or mean (S, …), y, kind)``,
     evaluated ``block`` draws at a time by ``program`` (:func:`_terms_program`)."""
     run, kinds = program
-    S = len(next(iter(draws.values())))
-    pad = -S % block   # (the last block filled with the last draw, then cut: one program for any S)
-    draws = {k: np.concatenate([v, np.repeat(v[-1:], pad, axis=0)]) for k, v in draws.items()}
-    keys = jax.random.split(jax.random.PRNGKey(0), S + pad)   # (latent sites without draws)
-    parts = [run({k: v[i:i + block] for k, v in draws.items()}, keys[i:i + block]) for i in range(0, S + pad, block)]
-    if pad:
-        parts[-1] = jax.tree_util.tree_map(lambda a: a[:block - pad], parts[-1])
+    parts = _in_blocks(run, draws, block, jax.random.PRNGKey(0))   # (the key: latent sites without draws)
     if not kinds:
         raise ValueError("the model has no observed site (obs=...) for these arguments.")
     return {name: (np.concatenate([np.asarray(p[name][0], np.float64) for p in parts]),
@@ -237,19 +245,17 @@ def posterior_predictive(obj, *args, model=None, rng_key=None, block: int = 100,
     if not new:
         raise ValueError(f"posterior_predictive: every sample site of the model ({sorted(latent)}) has posterior "
                          "draws; leave the observations out (y=None) to predict them.")
-    chains, draws = samples[sites[0]].shape[:2] if sites else (1, 1)
+    if not sites:
+        raise KeyError(f"the run has no draws of the model's latent sites {sorted(latent)} (it has {list(samples)}).")
+    chains, draws = samples[sites[0]].shape[:2]
     flat = {k: samples[k].reshape((chains * draws,) + samples[k].shape[2:]) for k in sites}
 
     def one(draw, key):
         tr = handlers.trace(handlers.seed(handlers.substitute(full, data=draw), key)).get_trace(*args, **kwargs)
         return {k: tr[k]["value"] for k in new}   # (seed outside substitute, as in Predictive)
 
-    run = jax.jit(jax.vmap(one))
-    S, pad = chains * draws, -(chains * draws) % block
-    flat = {k: np.concatenate([v, np.repeat(v[-1:], pad, axis=0)]) for k, v in flat.items()}
-    keys = jax.random.split(jax.random.PRNGKey(0) if rng_key is None else rng_key, S + pad)
-    parts = [run({k: v[i:i + block] for k, v in flat.items()}, keys[i:i + block]) for i in range(0, S + pad, block)]
-    return {k: np.concatenate([np.asarray(p[k]) for p in parts])[:S].reshape((chains, draws) + parts[0][k].shape[1:])
+    parts = _in_blocks(jax.jit(jax.vmap(one)), flat, block, jax.random.PRNGKey(0) if rng_key is None else rng_key)
+    return {k: np.concatenate([np.asarray(p[k]) for p in parts]).reshape((chains, draws) + parts[0][k].shape[1:])
             for k in new}
 
 
