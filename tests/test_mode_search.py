@@ -407,3 +407,19 @@ def test_a_curvature_that_overflowed_at_a_start_is_read_at_its_end_and_never_cra
     overflowed = lambda x: np.full((2, 2), np.nan) if np.all(x == 0) else np.eye(2)
     assert first_round_concave(starts, values, ends, overflowed)
     assert not first_round_concave(starts, values, ends, lambda x: np.full((2, 2), np.inf))
+
+
+def test_an_end_in_another_mode_does_not_rise_to_the_mode_and_one_on_its_slope_does():
+    """The values-and-gradients check that spares the far starts' ends a Hessian: on a two-component
+    mixture (modes at 0 and at (6, 6)), an end on the main mode's slope rises to it, an end at
+    the other mode does not (a valley lies between), nor does one just past that mode."""
+    from numpyro_sg.infer.multistart import rises_to_mode
+
+    def log_density(x):
+        return jnp.logaddexp(jnp.log(0.7) - 0.5 * jnp.sum(x**2), jnp.log(0.3) - 0.5 * jnp.sum((x - 6.0) ** 2))
+
+    values_at = lambda xs: jax.vmap(jax.value_and_grad(log_density))(jnp.asarray(xs))
+    ends = np.array([[-2.0, -2.5], [2.0, 1.5], [6.0, 6.0], [6.3, 5.9]], np.float32)
+    grads = np.asarray(values_at(ends)[1])
+    rises = rises_to_mode(values_at, np.zeros(2, np.float32), ends, grads, width=4)
+    assert rises.tolist() == [True, True, False, False]

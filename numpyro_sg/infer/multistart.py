@@ -212,7 +212,8 @@ def best_ends(values, ends, k: int):
 EXACT_ASCENT_MAX = 64
 
 
-def start_ascents(values, grads, ends, curvature_many, best_value: float, gap: float, screen=None) -> tuple:
+def start_ascents(values, grads, ends, curvature_many, best_value: float, gap: float, screen=None,
+                  rising=None) -> tuple:
     """How much further each start's end point would climb,
     :func:`~numpyro_sg.infer.curvature.predicted_ascent` (the Newton decrement) there.
     Computed only for the ends more than ``gap`` nats below ``best_value`` (the candidates for
@@ -220,12 +221,42 @@ def start_ascents(values, grads, ends, curvature_many, best_value: float, gap: f
     −H (S', d, d), or its diagonal (S', d), at the rows of xs (S', d).  ``screen(g)``, the
     ascent in the Laplace metric at the mode (½·gᵀΣ̂g), spares the curvature of an end that
     it already shows climbing to within ``gap`` of the best (no local mode: a GLM's
-    unconverged starts); the others get their own curvature."""
+    unconverged starts); so does ``rising(ends, grads)`` (:func:`rises_to_mode`), for the ends
+    from which log π rises all the way to the mode (their ascent: the whole gap); the others
+    get their own curvature."""
     far = [bool(np.isfinite(value) and best_value - value > gap) for value in values]
     screened = {i: screen(grads[i]) for i, f in enumerate(far) if f and screen is not None}
     climbing = {i: a for i, a in screened.items() if best_value - values[i] - a <= gap}
+    rest = [i for i, f in enumerate(far) if f and i not in climbing]
+    if rising is not None and rest:
+        up = rising(np.stack([ends[i] for i in rest]), np.stack([grads[i] for i in rest]))
+        climbing.update({i: best_value - values[i] for i, r in zip(rest, up) if r})
     picked = [i for i, f in enumerate(far) if f and i not in climbing]
     curvatures = dict(zip(picked, curvature_many(np.stack([ends[i] for i in picked])) if picked else ()))
     return tuple(float(climbing[i]) if i in climbing
                  else predicted_ascent(grads[i], curvatures[i]) if far[i]
                  else (0.0 if np.isfinite(value) else np.inf) for i, value in enumerate(values))
+
+
+#: where :func:`rises_to_mode` looks between an end point and the mode (fractions of the way)
+SEGMENT_FRACTIONS = (0.125, 0.25, 0.5)
+
+
+def rises_to_mode(values_at, mode, ends, grads, width: int) -> np.ndarray:
+    """Whether log π rises along the straight line from each of ``ends`` (k, d) to ``mode``:
+    its gradient there (``grads``, (k, d)) points towards the mode and its values at the end, at
+    :data:`SEGMENT_FRACTIONS` of the way and at the mode increase.  Such an end climbs to the mode
+    with no valley between them: it is no local mode, and needs no Hessian to say so (on a
+    hierarchical model every far start's end, each Hessian costing up to tens of passes over the
+    data; a local maximum has a zero gradient and values that fall in every direction).
+    ``values_at(xs)``: ``(log π, ∇ log π)`` at the rows of xs (``width``, d), one scale for all
+    (the warmup's :meth:`value_and_grad_many`); ``(1 + 4k)/width`` calls, rounded up."""
+    mode, ends = np.asarray(mode, ends.dtype), np.asarray(ends)
+    toward = mode[None] - ends
+    points = np.concatenate([mode[None], ends] + [ends + f * toward for f in SEGMENT_FRACTIONS]).astype(ends.dtype)
+    values = np.concatenate([np.asarray(values_at(padded_rows(points[lo:lo + width], width))[0], np.float64)
+                             [:len(points[lo:lo + width])] for lo in range(0, len(points), width)])
+    k = len(ends)
+    path = np.concatenate([values[1:].reshape(1 + len(SEGMENT_FRACTIONS), k).T, np.full((k, 1), values[0])], axis=1)
+    slope = np.einsum("kd,kd->k", np.asarray(grads, np.float64), toward.astype(np.float64))
+    return np.all(np.isfinite(path), axis=1) & np.all(np.diff(path, axis=1) > 0, axis=1) & (slope > 0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import random
@@ -176,3 +177,14 @@ def laplace_draw(mode, preconditioner: Preconditioner, key, jitter: float = 1.0)
     for ``jitter=1``; traceable: the kernels draw it inside their ``init`` program)."""
     xi = random.normal(random.fold_in(key, 7), mode.shape, mode.dtype)
     return mode + jitter * from_working(preconditioner, xi)
+
+
+def starting_points(init_params, fit, rng_key, batched, unravel, jitter: float = 1.0):
+    """The chains' starts: ``init_params`` (given or drawn) win, else :func:`laplace_draw` per key of
+    ``rng_key`` (``batched``: one per chain) from the warmup's ``fit`` (a ``ModeFit``)."""
+    if init_params is not None:
+        return init_params
+    if fit is None:
+        raise ValueError("no starting point: give init_params or init_strategy, or run the warmup.")
+    one = lambda key: unravel(laplace_draw(fit.mode, fit.preconditioner, key, jitter))
+    return jax.jit(jax.vmap(one))(rng_key) if batched else one(rng_key)   # one program, not one per operation

@@ -27,7 +27,7 @@ coordinates; above, a Fisher/Hutchinson diagonal shrunk for stiffness: :class:`W
 the control-variate anchor (θ̂ and its full-data gradient) and, up to ``dense_max`` coordinates, the
 gradient noise of one row and the gradient's steepness at the Laplace draws (:attr:`ModeFit.row_noise`,
 :attr:`ModeFit.drift_ratio`): the kernels' defaults' mini-batch size and step (:mod:`numpyro_sg.kernels.noise_plan`).
-:func:`starting_points` starts the chains at θ̂ + ``jitter``·L·ξ, ξ ~ N(0, I) per chain.
+:func:`~numpyro_sg.infer.preconditioner.starting_points` starts the chains at θ̂ + ``jitter``·L·ξ, ξ ~ N(0, I) per chain.
 ``centre="variational"`` replaces steps 0–2 by a mean-field fit (:mod:`~numpyro_sg.infer.variational`).
 """
 
@@ -54,11 +54,11 @@ from numpyro_sg.infer.model_info import ModelInfo, trace_model
 from numpyro_sg.infer.noise import laplace_row_noise, row_noise_covariance
 from numpyro_sg.infer.sharded_minibatch import is_sharded
 from numpyro_sg.infer.multistart import (EXACT_ASCENT_MAX, best_ends, explore_starts, first_round_concave,
-                                         first_chain_draw, flat_prior_draws, padded_rows, start_ascents, start_candidates,
-                                         usual_start)
+                                         first_chain_draw, flat_prior_draws, padded_rows, rises_to_mode, start_ascents,
+                                         start_candidates, usual_start)
 from numpyro_sg.infer.plates import subsample_plates
 from numpyro_sg.infer.programs import placement_key, tree_signature
-from numpyro_sg.infer.preconditioner import Preconditioner, laplace_draw
+from numpyro_sg.infer.preconditioner import Preconditioner
 from numpyro_sg.infer.progress import warmup_progress
 from numpyro_sg.infer.refinement import diagonal_preconditioner, diagonal_refinement, newton_refinement
 from numpyro_sg.infer.sharding import auto_view
@@ -74,6 +74,7 @@ class _WarmupPrograms:
                  rows: dict, signature=None, dtype=None):
         self.mb, self.unravel, self.options, self.rows, self.dtype = mb, unravel, options, rows, dtype
         self.hessian_block = None   # columns of H per Hessian-vector block (dense_curvature)
+        self.last_curvature = (None, None)   # (the point's bytes, −H there): dense_curvature
         self.data = on_device(model_args, model_kwargs)   # copied once, not at every program's call
         # what every program computes besides its arguments (the rows follow from the options)
         self.key = ("warmup", mb.model, mb.plates, mb.replace, placement_key(mb), signature, options)
@@ -122,8 +123,7 @@ class _WarmupPrograms:
         (:meth:`full_value_and_grad_many`), else log p(x) + (N/m)·Σ_{i∈rows} log f_i(x), a point at a time (the memory
         of one Hessian-vector product), xs padded to a round of starts (one program): m rows a point, not N."""
         values = lambda ys, a, k: jax.lax.map(jax.value_and_grad(lambda y: self.log_density(a, k)(y, self.rows)), ys)
-        k, width = len(xs), max(1, min(self.options.starts_per_round, self.options.num_starts))
-        padded = padded_rows(np.asarray(xs, self.dtype), max(k, width))
+        k, padded = len(xs), padded_rows(np.asarray(xs, self.dtype), max(len(xs), self.round_width))
         out = self.full_value_and_grad_many(padded) if self.exact_rows else self._jit(values, "rows_value_and_grad_many")(padded)
         return tuple(a[:k] for a in out)
 
@@ -156,6 +156,11 @@ class _WarmupPrograms:
         return values, grads, ends
 
     @property
+    def round_width(self) -> int:
+        """Starts run at a time (one program's width)."""
+        return max(1, min(self.options.starts_per_round, self.options.num_starts))
+
+    @property
     def exact_rows(self) -> bool:
         """Whether the Hessian's rows are all the data (every plate no larger than ``hessian_rows``)."""
         return all(p.size <= self.options.hessian_rows for p in self.mb.plates)
@@ -172,13 +177,18 @@ class _WarmupPrograms:
 
     def dense_curvature(self, y):
         """−H(y), symmetrised, float64 (d, d), in blocks of columns whose temporaries fit in
-        ``HESSIAN_MEMORY`` bytes (:func:`~numpyro_sg.infer.curvature.hessian_from_products`)."""
-        d = y.shape[0]
+        ``HESSIAN_MEMORY`` bytes (:func:`~numpyro_sg.infer.curvature.hessian_from_products`); the last point's is
+        kept (read-only): Newton's converged point is the preconditioner's, its Hessian computed once."""
+        point, d = np.asarray(y).tobytes(), y.shape[0]
+        if self.last_curvature[0] == point:
+            return self.last_curvature[1]
         if self.hessian_block is None:   # all columns at once up to 64 coordinates
             self.hessian_block = d if d <= 64 else columns_within_memory(
                 self.hvp_block.temp_bytes(y, jnp.zeros((1, d), y.dtype)), d)
         H = hessian_from_products(lambda V: self.hvp_block(y, V), d, self.hessian_block, y.dtype)
-        return -0.5 * (H + H.T)
+        (neg_h := -0.5 * (H + H.T)).setflags(write=False)
+        self.last_curvature = (point, neg_h)
+        return neg_h
 
     def curvatures(self, ys, key):
         """−H at each row of ys, float64: (S, d, d) by :meth:`dense_curvature` (the Newton refinement's program:
@@ -314,8 +324,9 @@ def _mode_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         screen = None if L is None else (lambda g: 0.5 * np.sum((L.T @ g) ** 2))
         starts = programs.on_full_scale(starts, np.asarray(x, np.float64), value, grad, options.multimodal_gap,
                                         options.starts_per_round, screen)
+        rising = partial(rises_to_mode, programs.value_and_grad_many, np.asarray(x), width=programs.round_width)
         ascents = start_ascents(*starts, lambda ys: programs.curvatures(ys, key_probe), float(value),
-                                options.multimodal_gap, screen)
+                                options.multimodal_gap, screen, rising)
     return ModeFit(
         mode=jnp.asarray(x, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value), preconditioner=precond,
         converged=newton.converged, newton_steps=newton.steps, seconds=time.perf_counter() - start_time,
@@ -344,8 +355,7 @@ def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
     Adam phase continues the ``starts_per_round`` best ends (the best one where the two phases'
     batch sizes differ) and keeps the best by full-data log density.  The usual start's check (log π
     finite, gradients exactly 0) is made on the rows that value the ends: no pass over all the data."""
-    options, (steps, batches) = programs.options, programs.adam_plan(d)
-    width = max(1, min(options.starts_per_round, options.num_starts))
+    options, (steps, batches), width = programs.options, programs.adam_plan(d), programs.round_width
     multi = options.num_starts > 1 and options.start_steps > 0 and steps > 0
     vg = programs.full_value_and_grad if programs.exact_rows or not multi else (
         lambda y: [a[0] for a in programs.value_and_grad_many(np.asarray(y)[None])])
@@ -388,13 +398,3 @@ def fit_model_mode(model, model_args=(), model_kwargs=None, options: WarmupOptio
     mb = Minibatcher(model, plates)
     _, unravel = ravel_pytree(info.unconstrained_example())
     return find_mode(mb, info, unravel, model_args, model_kwargs, options), mb, unravel
-
-
-def starting_points(init_params, fit: ModeFit | None, rng_key, batched, unravel, jitter: float = 1.0):
-    """The chains' starts: ``init_params`` (given or drawn) win, else :func:`laplace_draw` per key."""
-    if init_params is not None:
-        return init_params
-    if fit is None:
-        raise ValueError("no starting point: give init_params or init_strategy, or run the warmup.")
-    one = lambda key: unravel(laplace_draw(fit.mode, fit.preconditioner, key, jitter))
-    return jax.vmap(one)(rng_key) if batched else one(rng_key)

@@ -36,6 +36,10 @@ def grid_arms(grid: dict) -> list[dict]:
     >>> from numpyro_sg.tuning import grid_arms
     >>> grid_arms({"step_size": [0.1, 0.01], "subsample_size": [100]})
     [{'step_size': 0.1, 'subsample_size': 100}, {'step_size': 0.01, 'subsample_size': 100}]
+
+    A list that mixes integers and floats is made floats: with ``[10, 1, 0.1]`` the arms could not
+    share a vectorised batch, and every arm compiled its own program (MAMBA on a 10⁵-row logistic
+    regression then spent 22–33 s of a 20 s budget compiling, against 6–8 s).
     """
     if not isinstance(grid, dict) or not grid:
         raise ValueError(
@@ -50,6 +54,9 @@ def grid_arms(grid: dict) -> list[dict]:
         vals = list(vals) if isinstance(vals, (list, tuple, np.ndarray)) else [vals]
         if not vals:
             raise ValueError(f"grid[{name!r}] is empty: give at least one value.")
+        if any(isinstance(v, (float, np.floating)) for v in vals) and all(
+                isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) for v in vals):
+            vals = [float(v) for v in vals]   # [10, 1, 0.1]: one dtype, so the arms share their programs
         names.append(name)
         values.append(vals)
     return [dict(zip(names, combo)) for combo in itertools.product(*values)]

@@ -13,7 +13,8 @@ import jax
 import numpy as np
 from jax import random
 
-from numpyro_sg.infer.warmup import fit_model_mode, starting_points
+from numpyro_sg.infer.preconditioner import starting_points
+from numpyro_sg.infer.warmup import fit_model_mode
 from numpyro_sg.kernels.esgld.warmup import full_model_sds
 from numpyro_sg.kernels.gradient import GradientKernel
 from numpyro_sg.tuning.arms import grid_arms, make_kernels
