@@ -13,6 +13,7 @@ from numpyro_sg.spike_slab import SpikeSlabSites
 from numpyro_sg.results.inference_data import to_inference_data
 from numpyro_sg.results.summary import posterior_summary
 from numpyro_sg.diagnostics.convergence import ConvergenceWarning, check_convergence
+from numpyro_sg.results.nuts_estimate import PreferNUTSWarning
 from numpyro_sg.diagnostics.ksd import ksd_path, ksd_per_coordinate
 from numpyro_sg.diagnostics.predictive import held_out_score, posterior_predictive, predictive_metrics
 from numpyro_sg.diagnostics.plots import plot_ksd_path
@@ -34,6 +35,7 @@ __all__ = [
     "SGNHT",
     "DivergenceWarning",
     "ConvergenceWarning",
+    "PreferNUTSWarning",
     "check_convergence",
     "WarmupOptions",
     "ModeFit",

@@ -41,7 +41,7 @@ def diagonal_preconditioner(programs, x, grad, neg_h, key, dtype):
     heat (``WarmupOptions.stabilise_diagonal``, ``max_noise_heat``): ``(P, λ, h)``."""
     options = programs.options
     scale = jnp.asarray(1.0 / np.sqrt(positive_curvature(neg_h)), dtype)
-    stiffness = whitened_top_eigenvalue(lambda v: -programs.hvp(x, v), scale, random.fold_in(key, 2))
+    stiffness = whitened_top_eigenvalue(lambda v: -programs.hvp_block(x, v[None])[0], scale, random.fold_in(key, 2))
     shrink = np.sqrt(max(2.0 * stiffness - 1.0, 1.0)) if options.stabilise_diagonal else 1.0
     noise_heat = 0.0
     if options.max_noise_heat is not None and len(programs.mb.plates) == 1:

@@ -25,9 +25,8 @@ The result, a :class:`ModeFit`, gives the Laplace covariance Σ̂ = (−H)⁻¹ 
 :class:`~numpyro_sg.infer.preconditioner.Preconditioner` (dense up to ``dense_max``
 coordinates; above, a Fisher/Hutchinson diagonal shrunk for stiffness: :class:`WarmupOptions`),
 the control-variate anchor (θ̂ and its full-data gradient) and, up to ``dense_max`` coordinates, the
-gradient noise of one row and the gradient's steepness at the Laplace draws (:attr:`ModeFit.row_noise`,
-:attr:`ModeFit.drift_ratio`): the kernels' defaults' mini-batch size and step (:mod:`numpyro_sg.kernels.noise_plan`).
-:func:`~numpyro_sg.infer.preconditioner.starting_points` starts the chains at θ̂ + ``jitter``·L·ξ, ξ ~ N(0, I) per chain.
+gradient noise of one row and the gradient's steepness at the Laplace draws (:attr:`ModeFit.row_noise`, :attr:`ModeFit.drift_ratio`):
+the kernels' defaults' mini-batch size and step (:mod:`numpyro_sg.kernels.noise_plan`); chains start at θ̂ + ``jitter``·L·ξ.
 ``centre="variational"`` replaces steps 0–2 by a mean-field fit (:mod:`~numpyro_sg.infer.variational`).
 """
 
@@ -79,8 +78,7 @@ class _WarmupPrograms:
         # what every program computes besides its arguments (the rows follow from the options)
         self.key = ("warmup", mb.model, mb.plates, mb.replace, placement_key(mb), signature, options)
         self.monte_carlo = bool(getattr(mb.model, "sampled", False))  # locals integrated by draws (numpyro_sg.locals)
-        self.passes = 0   # passes over all the data so far (ModeFit.data_passes)
-
+        self.passes, self.pass_seconds = 0, float("inf")   # passes over all the data so far, the fastest's seconds
     def _jit(self, fn, *name):
         """``fn`` compiled with the data as arguments, shared by every warmup of the same
         model, plates, parameter structure and options (``name``: the program and its static
@@ -104,11 +102,13 @@ class _WarmupPrograms:
         return lambda x: prior(self.unravel(x))
 
     def full_value_and_grad(self, x):
-        """(log π(x), ∇ log π(x)) over all the data (in chunks): one of :attr:`passes`."""
-        chunk = self.options.chunk_size
+        """(log π(x), ∇ log π(x)) over all the data (in chunks): one of :attr:`passes`, timed (:attr:`pass_seconds`)."""
+        chunk, tick = self.options.chunk_size, time.perf_counter()
         self.passes += 1
-        return self._jit(lambda x, a, k: self.mb.full_value_and_grad_fn(self.unravel, a, k, chunk)(x),
-                         "full_value_and_grad")(x)
+        out = jax.block_until_ready(self._jit(lambda x, a, k: self.mb.full_value_and_grad_fn(self.unravel, a, k, chunk)(x),
+                                              "full_value_and_grad")(x))
+        self.pass_seconds = min(self.pass_seconds, time.perf_counter() - tick)   # (the first one compiles)
+        return out
 
     def full_value_and_grad_many(self, xs):
         """(log π, ∇ log π) at each row of xs (S, d) in one pass over the data (chunks of ``chunk_size``/S rows:
@@ -171,10 +171,6 @@ class _WarmupPrograms:
         return self._jit(lambda y, V, a, k: jax.vmap(lambda v: jax.jvp(
             jax.grad(lambda t: self.log_density(a, k)(t, self.rows)), (y,), (v,))[1])(V), "hvp_block")
 
-    def hvp(self, y, v):
-        """H(y)·v on the Hessian's rows."""
-        return self.hvp_block(y, v[None])[0]
-
     def dense_curvature(self, y):
         """−H(y), symmetrised, float64 (d, d), in blocks of columns whose temporaries fit in
         ``HESSIAN_MEMORY`` bytes (:func:`~numpyro_sg.infer.curvature.hessian_from_products`); the last point's is
@@ -200,7 +196,7 @@ class _WarmupPrograms:
     def diagonal_curvature(self, y, key, num_probes: int = 16):
         """−diag H(y) by :func:`~numpyro_sg.infer.curvature.hutchinson_diagonal`, float64."""
         probes = random.rademacher(key, (num_probes,) + y.shape, y.dtype)
-        return -np.asarray(hutchinson_diagonal(lambda v: self.hvp(y, v), probes), np.float64)
+        return -np.asarray(hutchinson_diagonal(lambda v: self.hvp_block(y, v[None])[0], probes), np.float64)
 
     def adam_many(self, xs, keys, steps: int, rate: float, batches: dict):
         """``steps`` Adam steps at initial learning rate ``rate`` from each row of xs, on mini-batches of sizes
@@ -331,7 +327,8 @@ def _mode_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         mode=jnp.asarray(x, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value), preconditioner=precond,
         converged=newton.converged, newton_steps=newton.steps, seconds=time.perf_counter() - start_time,
         stiffness=float(stiffness), noise_heat=float(noise_heat), start_log_densities=tuple(float(v) for v in starts[0]),
-        start_ascents=ascents, row_noise=row_noise, row_kick=row_kick, drift_ratio=drift, data_passes=programs.passes)
+        start_ascents=ascents, row_noise=row_noise, row_kick=row_kick, drift_ratio=drift, data_passes=programs.passes,
+        gradient_seconds=programs.pass_seconds)
 
 
 def _variational_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe,
@@ -344,9 +341,10 @@ def _variational_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, 
     value, grad = programs.full_value_and_grad(mean)
     precond, stiffness, noise_heat = diagonal_preconditioner(
         programs, mean, grad, 1.0 / np.asarray(sd, np.float64) ** 2, key_probe, dtype)
-    return ModeFit(mode=jnp.asarray(mean, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value), data_passes=
-                   programs.passes, preconditioner=precond, converged=bool(np.isfinite(float(value))), newton_steps=0,
-                   seconds=time.perf_counter() - start_time, stiffness=float(stiffness), noise_heat=float(noise_heat))
+    return ModeFit(mode=jnp.asarray(mean, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value), preconditioner=precond,
+                   converged=bool(np.isfinite(float(value))), newton_steps=0, seconds=time.perf_counter() - start_time,
+                   stiffness=float(stiffness), noise_heat=float(noise_heat), data_passes=programs.passes,
+                   gradient_seconds=programs.pass_seconds)
 
 
 def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe, bar):

@@ -254,6 +254,9 @@ class ModeFit:
     :ivar data_passes: how many times the search read all the data (the full-data log density
         and gradient at a point, or at a batch of points at once); 0 for a fit found in the
         process's store.  The mini-batch steps and the Hessian's ``hessian_rows`` rows come on top.
+    :ivar gradient_seconds: the wall time of the fastest full-data log density and gradient at a
+        point (:func:`numpyro_sg.results.nuts_estimate.nuts_estimate` reads it: what one NUTS
+        gradient costs); ``inf`` where the search made none.
     :ivar start_log_densities: log densities at the end points of the multi-start phase's short
         ascents, on the full-data scale (above ``hessian_rows`` rows, log π(θ̂) plus their
         difference from θ̂ on those rows) (:mod:`~numpyro_sg.infer.multistart`; empty when it did not run).
@@ -277,6 +280,7 @@ class ModeFit:
     row_kick: tuple | None = None
     drift_ratio: float | None = None
     data_passes: int = 0
+    gradient_seconds: float = float("inf")
 
     def local_modes(self, gap: float = 20.0) -> np.ndarray:
         """Which starts ended in a local mode more than ``gap`` nats below the mode found.

@@ -47,6 +47,7 @@ from numpyro_sg.locals.fitting import log_marginal_of
 from numpyro_sg.locals.model import MarginalModel
 from numpyro_sg.locals.posterior import add_local_draws, add_local_posterior, affordable_draws
 from numpyro_sg.diagnostics.convergence import check_convergence
+from numpyro_sg.results.nuts_estimate import advise_nuts
 from numpyro_sg.diagnostics.full_data_scores import ModelScores, full_data_model
 from numpyro_sg.diagnostics.stein_runs import run_model
 from numpyro_sg.infer.model_info import improper_to_uniform, structure_only
@@ -190,7 +191,10 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     :param bool check: for a run of one of this package's kernels, run
         :func:`numpyro_sg.check_convergence` on it first (a :class:`~numpyro_sg.ConvergenceWarning` names
         the sites at fault; NumPyro's ``MCMC`` has no end-of-run hook, so this is where the
-        check runs unless you call it yourself).
+        check runs unless you call it yourself), and estimate how long full-data NUTS would take
+        to the same effective sample size (``posterior.attrs["nuts_estimated_seconds"]``; a
+        :class:`~numpyro_sg.results.nuts_estimate.PreferNUTSWarning` when that is sooner:
+        :mod:`numpyro_sg.results.nuts_estimate`).
     :param kwargs: passed to :func:`arviz.from_numpyro` (``coords``, ``dims``, …).
 
     **Example:**
@@ -210,11 +214,13 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
     >>> idata.sample_stats.attrs["ksd_preconditioner"], idata.sample_stats["ksd"].dims
     ('sd', ('chain',))
     """
-    ksd_options = _checked_ksd_options(mcmc, ksd_options, check)
+    ksd_options, table = _checked_ksd_options(mcmc, ksd_options, check)
+    sampling_time = run_seconds(mcmc) if sampling_time is None else sampling_time
+    estimate = None if table is None else advise_nuts(   # would full-data NUTS have been faster?
+        mcmc, float(table["ess_bulk"].min()), sampling_time, model, model_args, model_kwargs)
     model, model_args, model_kwargs = run_model(mcmc, model, model_args, model_kwargs)
     model = log_marginal_of(model)  # (an imputation's surrogate is not a log density)
     model_args, model_kwargs = auto_view(model_args, model_kwargs)  # data on an Explicit mesh
-    sampling_time = run_seconds(mcmc) if sampling_time is None else sampling_time
     with conversion_progress():  # one bar for a long conversion (its phases named on it)
         progress_phase("model traces")
         scores = ModelScores(model, model_args, model_kwargs)
@@ -224,6 +230,8 @@ def to_inference_data(mcmc, log_likelihood: bool = False, ksd: bool = True, *,
         idata = _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood,
                                  log_likelihood_limit_gb, kwargs, local_groups, var_names, affordable // 2)
         _finish(idata, scores, sampling_time)
+        if estimate is not None:
+            idata.posterior.attrs["nuts_estimated_seconds"] = estimate.nuts_seconds
         diverged = _record_diverged(idata, mcmc)
         if ksd:
             auto, spent = ksd_draws == "auto", seconds_since_init(mcmc) if sampling_time is None else sampling_time
@@ -258,9 +266,10 @@ def _record_diverged(idata, mcmc) -> list:
     return diverged
 
 
-def _checked_ksd_options(mcmc, ksd_options, check=False) -> dict:
-    """``ksd_options`` as a dict, after checking that ``mcmc`` is a finished MCMC run (and, with
-    ``check``, its convergence: :func:`numpyro_sg.check_convergence`, for this package's kernels)."""
+def _checked_ksd_options(mcmc, ksd_options, check=False) -> tuple:
+    """``(ksd_options as a dict, the convergence table or None)``, after checking that ``mcmc`` is
+    a finished MCMC run (and, with ``check``, its convergence: :func:`numpyro_sg.check_convergence`,
+    for this package's kernels, whose table is returned)."""
     if not hasattr(mcmc, "get_samples") or not hasattr(mcmc, "sampler"):
         raise TypeError(
             f"to_inference_data expects a numpyro.infer.MCMC object, got {type(mcmc).__name__}."
@@ -272,8 +281,8 @@ def _checked_ksd_options(mcmc, ksd_options, check=False) -> dict:
     if unknown:
         raise TypeError(f"unknown ksd_options {sorted(unknown)}; allowed: {list(_KSD_OPTIONS)}.")
     if check and hasattr(getattr(mcmc, "sampler", None), "convergence_report"):
-        check_convergence(mcmc)
-    return ksd_options
+        return ksd_options, check_convergence(mcmc)
+    return ksd_options, None
 
 
 def _full_data_idata(mcmc, model, model_args, model_kwargs, log_likelihood, limit_gb, kwargs,
