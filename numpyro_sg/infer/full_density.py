@@ -95,10 +95,9 @@ def full_value_and_grad_fn(model: Callable, plates, unravel, model_args=(), mode
 
     With one subsample plate the data are visited in chunks of ``chunk_size`` rows inside
     a ``lax.scan`` (memory O(chunk·d), never O(N·d)); the last chunk is padded and its
-    padding masked out.  The prior (:func:`prior_log_density_fn`, the plate on one row) is
-    evaluated once, outside the chunks, and log p + Σ_chunks (C/N)·(chunk log density − log p) is
-    the exact full-data log density: the pass costs the N rows (rounded up to whole chunks) and
-    no more.  With several plates all data are used at once.
+    padding masked out.  The prior is evaluated once, as an extra chunk with every row
+    masked, and Σ_chunks (C/N)·(chunk log density − prior) + prior is the exact full-data
+    log density.  With several plates all data are used at once.
     """
     model_kwargs = model_kwargs or {}
     if len(plates) != 1:
@@ -108,21 +107,25 @@ def full_value_and_grad_fn(model: Callable, plates, unravel, model_args=(), mode
     (plate,) = plates
     N = plate.size
     C = int(min(chunk_size, N))
-    starts = jnp.arange(-(-N // C), dtype=jnp.int32) * C
-    prior = prior_log_density_fn(model, plates, model_args, model_kwargs)
+    K = -(-N // C)
+    starts = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.arange(K, dtype=jnp.int32) * C])
+    include = jnp.arange(K + 1) > 0  # chunk 0: the prior alone (every row masked)
 
-    def chunk_log_density(x, start):
+    def chunk_log_density(x, start, inc):
         idx = start + jnp.arange(C, dtype=jnp.int32)
+        mask = (idx < N) & inc
         chunk_model = mask_plate_rows(with_indices(model, {plate.name: jnp.minimum(idx, N - 1)}),
-                                      plate.name, idx < N)
+                                      plate.name, mask)
         return -potential_energy(chunk_model, model_args, model_kwargs, unravel(x))
 
     def value_and_grad(x):
-        prior_value, prior_grad = jax.value_and_grad(lambda y: prior(unravel(y)))(x)
-        _, (values, grads) = jax.lax.scan(lambda _, start: (None, jax.value_and_grad(chunk_log_density)(x, start)),
-                                          None, starts)
-        return (prior_value + (C / N) * jnp.sum(values - prior_value),
-                prior_grad + (C / N) * jnp.sum(grads - prior_grad, axis=0))
+        def body(_, chunk):
+            return None, jax.value_and_grad(chunk_log_density)(x, *chunk)
+
+        _, (values, grads) = jax.lax.scan(body, None, (starts, include))
+        value = values[0] + (C / N) * jnp.sum(values[1:] - values[0])
+        grad = grads[0] + (C / N) * jnp.sum(grads[1:] - grads[0], axis=0)
+        return value, grad
 
     return value_and_grad
 
