@@ -547,13 +547,29 @@ def test_the_reference_decentres_multivariate_normal_locals():
     np.testing.assert_allclose(np.cov(draws[0].T), np.cov(draws[1].T), rtol=0.05)
 
 
-def test_a_model_with_local_latents_pays_one_round_of_starts(mixed_run):
-    """Every start's ascent on a model with local latents is a pass of per-group fits, and the
-    first round's curvature check never settles a hierarchical posterior (indefinite at its
-    dispersed starts): the warmup runs one round of 8 starts there (all 32 before)."""
+def test_a_small_model_with_local_latents_goes_to_newton_first(mixed_run):
+    """Every pass over a model with local latents is a nested fit per group, so the warmup counts
+    in passes: on 40 groups Adam's batch is every group, and its phases (8 starts × 200 steps,
+    8 × 500 more) would take 5,600 passes where the whole Newton budget is 30·(1 + d) = 180.
+    Newton then starts from the usual start: no starts run, it converges, to the mode the Adam
+    phases reach (optimizer_steps given, as before) within 10⁻² Laplace sds (the tolerance is
+    10⁻³ sds per Newton step; the two searches stop at different last steps; measured 1.5·10⁻⁴),
+    in 19 full-data passes where the Adam phases took 5,600 and Newton 7.  Newton held to 2 steps falls short, and the Adam phases and
+    Newton run after it: one round of 8 starts."""
+    from numpyro_sg.infer.warmup import fit_model_mode
+
     fit = mixed_run[1].sampler.mode_fit
-    assert len(fit.start_log_densities) == 8 and fit.converged
-    assert nsg.WarmupOptions().resolved(3).num_starts == 32
+    assert len(fit.start_log_densities) == 0 and fit.converged
+    args = mixed_run[0]
+    model = _prepared(linear_mixed_model, args)
+    before, _, _ = fit_model_mode(model, args, options=nsg.WarmupOptions(optimizer_steps=500))
+    assert len(before.start_log_densities) == 8 and before.converged
+    gap = np.linalg.solve(np.asarray(before.preconditioner.chol, np.float64), np.asarray(fit.mode - before.mode, np.float64))
+    assert np.max(np.abs(gap)) < 1e-2, gap
+    short, _, _ = fit_model_mode(model, args, options=nsg.WarmupOptions(newton_steps=2))
+    assert len(short.start_log_densities) == 8
+    assert nsg.WarmupOptions().resolved(5, local_latents=True).newton_first(5, {40: 40})
+    assert not nsg.WarmupOptions().resolved(28, local_latents=True).newton_first(28, {71_567: 1000})
 
 
 def test_a_long_conversion_shows_one_bar_naming_its_phases(mixed_run, monkeypatch, capsys):

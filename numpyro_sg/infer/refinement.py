@@ -1,5 +1,5 @@
 """The warmup's last steps (:mod:`~numpyro_sg.infer.warmup`): the Newton refinement of the mode
-and the Laplace preconditioner there.
+and the Laplace preconditioner there; the mean-field alternative (:func:`variational_fit`).
 
 ``programs`` is the warmup's set of compiled programs (``numpyro_sg.infer.warmup``): its
 Hessian-vector products, Fisher diagonal, gradient-noise and stiffness probes.
@@ -7,14 +7,17 @@ Hessian-vector products, Fisher diagonal, gradient-noise and stiffness probes.
 
 from __future__ import annotations
 
+import time
+
 import jax.numpy as jnp
 import numpy as np
 from jax import random
 
 from numpyro_sg.infer.curvature import positive_curvature, whitened_top_eigenvalue
 from numpyro_sg.infer.laplace import NewtonResult, damped_newton, log_density_not_lower, scaled_gradient_not_larger
+from numpyro_sg.infer.multistart import usual_start
 from numpyro_sg.infer.preconditioner import Preconditioner
-from numpyro_sg.infer.warmup_options import WarmupOptions
+from numpyro_sg.infer.warmup_options import ModeFit, WarmupOptions
 
 
 def newton_refinement(full_vg, x, curvature, options: WarmupOptions, dense: bool, dtype,
@@ -89,3 +92,18 @@ def diagonal_refinement(programs, x, curvature, dtype, key):
         return NewtonResult(point=x, state=state, converged=True, steps=0, stalled=False, damped=False), neg_h
     newton = newton_refinement(programs.full_value_and_grad, x, curvature, options, False, dtype, programs.monte_carlo)
     return newton, preconditioner_diagonal(programs, newton.point, curvature, key)
+
+
+def variational_fit(programs, info, d: int, dtype, key_opt, key_probe, start_time) -> ModeFit:
+    """The warmup with ``centre="variational"``: the mean-field fit's mean is the centre and
+    anchor, its sds (stabilised as the Laplace ones) the diagonal preconditioner."""
+    options, (_, batches) = programs.options, programs.adam_plan(d)
+    x = usual_start(programs.full_value_and_grad, info, d, dtype, random.fold_in(key_probe, 1), options.symmetry_jitter)
+    mean, sd = programs.variational(x, key_opt, options.variational_steps, batches)
+    value, grad = programs.full_value_and_grad(mean)
+    precond, stiffness, noise_heat = diagonal_preconditioner(
+        programs, mean, grad, 1.0 / np.asarray(sd, np.float64) ** 2, key_probe, dtype)
+    return ModeFit(mode=jnp.asarray(mean, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value), preconditioner=precond,
+                   converged=bool(np.isfinite(float(value))), newton_steps=0, seconds=time.perf_counter() - start_time,
+                   stiffness=float(stiffness), noise_heat=float(noise_heat), data_passes=programs.passes,
+                   gradient_seconds=programs.pass_seconds)

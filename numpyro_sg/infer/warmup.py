@@ -59,7 +59,8 @@ from numpyro_sg.infer.plates import subsample_plates
 from numpyro_sg.infer.programs import placement_key, tree_signature
 from numpyro_sg.infer.preconditioner import Preconditioner
 from numpyro_sg.infer.progress import warmup_progress
-from numpyro_sg.infer.refinement import diagonal_preconditioner, diagonal_refinement, newton_refinement
+from numpyro_sg.infer.refinement import (diagonal_preconditioner, diagonal_refinement, newton_refinement,
+                                         variational_fit)
 from numpyro_sg.infer.sharding import auto_view
 from numpyro_sg.infer.variational import adam_ascent, variational_adam
 from numpyro_sg.infer.warmup_options import ModeFit, WarmupOptions
@@ -283,7 +284,7 @@ def find_mode(mb: Minibatcher, info: ModelInfo, unravel, model_args=(), model_kw
     rows = mb.random_rows(options.hessian_rows, key_hess)
     programs = _WarmupPrograms(mb, unravel, model_args, model_kwargs or {}, options, rows,
                                tree_signature(info.unconstrained_example()), dtype)
-    fit_fn = _variational_fit if options.centre == "variational" else _mode_fit
+    fit_fn = variational_fit if options.centre == "variational" else _mode_fit
     search = partial(fit_fn, programs, info, d, dtype, key_opt, key_probe, start_time)
     settings = programs.key + (info.model, str(np.dtype(dtype)), jax.default_backend(), str(jax.config.jax_default_device))
     fit, found = stored_fit(settings, first_chain_draw(info, dtype), model_args, model_kwargs, search)
@@ -297,16 +298,23 @@ def _mode_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
     with warmup_progress(options) as bar:
         bar.reset(total=3 + options.newton_steps)
         bar.set_description("warmup: mode search")
-        x, starts = _optimise(programs, info, d, dtype, key_opt, key_probe, bar)
-        bar.set_postfix_str("Newton")
+        newton_first = hasattr(programs.mb.model, "sampled") and options.newton_first(d, programs.adam_plan(d)[1])
+        x, starts = _optimise(programs, info, d, dtype, key_opt, key_probe, bar, adam=not newton_first)
         raw_curvature = programs.dense_curvature if dense else lambda y: programs.diagonal_curvature(y, key_probe)
 
         def curvature(y):
             bar.update(1)
             return raw_curvature(y)
-        newton, neg_h = (newton_refinement(programs.full_value_and_grad, x, curvature, options, dense, dtype,
-                                           programs.monte_carlo), None) if dense else \
-            diagonal_refinement(programs, x, curvature, dtype, key_probe)   # (and −diag H for the preconditioner)
+
+        def refine(y):
+            bar.set_postfix_str("Newton")
+            return (newton_refinement(programs.full_value_and_grad, y, curvature, options, dense, dtype,
+                                      programs.monte_carlo), None) if dense else \
+                diagonal_refinement(programs, y, curvature, dtype, key_probe)   # (and −diag H for the preconditioner)
+        newton, neg_h = refine(x)
+        if newton_first and not newton.converged:   # short of the mode: the Adam phases, then Newton again
+            x, starts = _optimise(programs, info, d, dtype, key_opt, key_probe, bar)
+            newton, neg_h = refine(x)
         (x, (value, grad)) = newton.point, newton.state
         bar.set_postfix_str("preconditioner")
         precond, stiffness, noise_heat = (dense_or_fallback(curvature(x), dtype), 1.0, 0.0) if dense else \
@@ -331,29 +339,15 @@ def _mode_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt
         gradient_seconds=programs.pass_seconds)
 
 
-def _variational_fit(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe,
-                     start_time) -> ModeFit:
-    """The warmup with ``centre="variational"``: the mean-field fit's mean is the centre and
-    anchor, its sds (stabilised as the Laplace ones) the diagonal preconditioner."""
-    options, (_, batches) = programs.options, programs.adam_plan(d)
-    x = usual_start(programs.full_value_and_grad, info, d, dtype, random.fold_in(key_probe, 1), options.symmetry_jitter)
-    mean, sd = programs.variational(x, key_opt, options.variational_steps, batches)
-    value, grad = programs.full_value_and_grad(mean)
-    precond, stiffness, noise_heat = diagonal_preconditioner(
-        programs, mean, grad, 1.0 / np.asarray(sd, np.float64) ** 2, key_probe, dtype)
-    return ModeFit(mode=jnp.asarray(mean, dtype), grad=jnp.asarray(grad, dtype), log_density=float(value), preconditioner=precond,
-                   converged=bool(np.isfinite(float(value))), newton_steps=0, seconds=time.perf_counter() - start_time,
-                   stiffness=float(stiffness), noise_heat=float(noise_heat), data_passes=programs.passes,
-                   gradient_seconds=programs.pass_seconds)
-
-
-def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe, bar):
+def _optimise(programs: _WarmupPrograms, info: ModelInfo, d: int, dtype, key_opt, key_probe, bar, adam=True):
     """The start and the stochastic optimisation (module docstring, step 1) after the multi-start
-    phase: ``(point, (the starts' end log densities, full-data gradients, end points))``; the main
+    phase (the usual start alone without ``adam``: :meth:`WarmupOptions.newton_first`):
+    ``(point, (the starts' end log densities, full-data gradients, end points))``; the main
     Adam phase continues the ``starts_per_round`` best ends (the best one where the two phases'
     batch sizes differ) and keeps the best by full-data log density.  The usual start's check (log π
     finite, gradients exactly 0) is made on the rows that value the ends: no pass over all the data."""
     options, (steps, batches), width = programs.options, programs.adam_plan(d), programs.round_width
+    steps = steps if adam else 0
     multi = options.num_starts > 1 and options.start_steps > 0 and steps > 0
     vg = programs.full_value_and_grad if programs.exact_rows or not multi else (
         lambda y: [a[0] for a in programs.value_and_grad_many(np.asarray(y)[None])])

@@ -15,6 +15,11 @@ from numpyro_sg.infer.progress import interactive
 from numpyro_sg.infer.preconditioner import Preconditioner
 
 
+#: :meth:`WarmupOptions.newton_first`: the Adam phases' cost in passes, in units of the Newton budget's,
+#: from which a model with local latents tries Newton first
+NEWTON_FIRST_RATIO = 10.0
+
+
 @dataclass(frozen=True)
 class WarmupOptions(Options):
     """Settings of the warmup's mode search (see :mod:`numpyro_sg.infer.warmup`): the kernels'
@@ -104,7 +109,8 @@ class WarmupOptions(Options):
         two components or empty one), and 8 starts missed it where 32 found it.  With local
         latents one round (``starts_per_round``): every start's ascent there is a pass of
         per-group fits, and the first round's curvature check never settles a hierarchical
-        posterior (indefinite at its dispersed starts), so all 32 used to run.
+        posterior (indefinite at its dispersed starts), so all 32 used to run; none where
+        Newton goes first (:meth:`newton_first`).
     :param int starts_per_round: starts run at a time, by one compiled program of this width
         (default 8); the main Adam phase continues this many best end points in the same
         program and keeps the best.
@@ -213,6 +219,27 @@ class WarmupOptions(Options):
                 b = max(b, min(-(-self.large_d_epochs * N // steps), 16 * b))
             batches[N] = int(min(b, N))
         return steps, batches
+
+    def newton_first(self, d: int, batches: dict) -> bool:
+        """Whether a model with local latents goes from the usual start to Newton directly,
+        without the Adam phases (resolved options; ``batches``: :meth:`optimizer_plan`'s).
+
+        A pass over the data there is a nested fit per group, so the warmup counts in passes:
+        the multi-start and main Adam phases take Σ steps · width · b/N of them (5,600 on 1,000
+        groups, whose batch is every group: Adam is full-data gradient ascent there), a Newton
+        step one pass plus d Hessian-vector products over the Hessian's rows.  When the Adam
+        phases cost :data:`NEWTON_FIRST_RATIO` times the whole Newton budget or more, Newton goes
+        first; should it fall short of the mode, the Adam phases and Newton run as usual after
+        it, at most 1/:data:`NEWTON_FIRST_RATIO` more work than before.  Not with a user's
+        ``optimizer_steps``, nor above ``dense_max`` coordinates."""
+        if self.optimizer_steps is not None or d > self.dense_max or not batches:
+            return False
+        steps, width = self.optimizer_plan(d, [])[0], max(1, min(self.starts_per_round, self.num_starts))
+        starts = self.start_batches(d, batches)
+        explore = self.num_starts * self.start_steps if self.num_starts > 1 else 0
+        adam = max((explore * starts[N] + width * steps * b) / N for N, b in batches.items())
+        newton = self.newton_steps * (1 + d * max(min(1.0, self.hessian_rows / N) for N in batches))
+        return adam >= NEWTON_FIRST_RATIO * newton
 
     def start_batches(self, d: int, batches: dict) -> dict:
         """The multi-start ascents' batch sizes per plate size, given the main phase's

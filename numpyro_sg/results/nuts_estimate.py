@@ -6,10 +6,12 @@ take on the full data to reach the same smallest bulk effective sample size of t
 sites,
 
 .. math:: T_\mathrm{NUTS} \approx t_\mathrm{compile}
-          + t_\nabla \, L \, (W + \mathrm{ESS} / e),
+          + r \, t_\nabla \, L \, (W + \mathrm{ESS} / e),
 
 * :math:`t_\nabla`: one full-data gradient of the model NUTS would run (the joint model, its
-  locals decentred, for a model with local latents), compiled and timed here on this machine;
+  locals decentred, for a model with local latents), compiled and timed here on this machine,
+  :data:`LOOPED_GRADIENTS` in one compiled loop, and :math:`r` = :data:`LEAPFROG_OVER_GRADIENT`
+  what a leapfrog step of NUTS costs against it;
 * :math:`t_\mathrm{compile}` = :data:`NUTS_COMPILE_SECONDS`;
 * :math:`L` (:func:`leapfrog_steps`): NUTS's trajectory with a diagonal mass matrix, whose
   step size falls as :math:`d^{-1/4}` and whose length spans the posterior's widest direction,
@@ -59,6 +61,13 @@ MIN_RUN_SECONDS = 3.0
 PASS_OVER_GRADIENT = 6.0
 #: gradient evaluations timed at least (up to 10× as many within 0.2 s; their median is t_∇)
 TIMED_GRADIENTS = 3
+#: gradients per timed call, in one compiled loop: NUTS's leapfrog steps run in its compiled loop, without
+#: the ~0.1 ms of a call from Python, which doubled the time of a 1,000-group joint's gradient
+LOOPED_GRADIENTS = 8
+#: a leapfrog step of NumPyro's NUTS against one looped gradient: 2.0 on the 1,000-group joint (0.135 ms
+#: against 0.067 ms), 2.1 on a Poisson regression of 10⁵ rows (the tree's bookkeeping, the warmup's
+#: longer trajectories)
+LEAPFROG_OVER_GRADIENT = 2.0
 #: NUTS's compilation: NumPyro's NUTS compiled in 1.6–2.3 s on a 2-core CPU (logistic and Poisson
 #: regressions, a 1,000-group joint model) in a process that had run JAX before
 NUTS_COMPILE_SECONDS = 2.5
@@ -99,10 +108,11 @@ def leapfrog_steps(condition: float, dim: int, doublings: int = 0) -> int:
     return 2 ** max(2, base + doublings) - 1
 
 
-def nuts_seconds(gradient_seconds: float, steps: int, ess: float, ess_per_draw: float,
+def nuts_seconds(step_seconds: float, steps: int, ess: float, ess_per_draw: float,
                  warmup: int = NUTS_WARMUP, compile_seconds: float = NUTS_COMPILE_SECONDS) -> float:
-    """t_compile + t_∇ · L · (W + ESS / e): NUTS's wall time to ``ess`` effective draws."""
-    return compile_seconds + gradient_seconds * steps * (warmup + ess / ess_per_draw)
+    """t_compile + t_step · L · (W + ESS / e): NUTS's wall time to ``ess`` effective draws, a
+    leapfrog step taking ``step_seconds``."""
+    return compile_seconds + step_seconds * steps * (warmup + ess / ess_per_draw)
 
 
 def correlation_condition(cov) -> float:
@@ -123,7 +133,7 @@ def nuts_model(model, model_args, model_kwargs):
 
 def time_gradient(model, model_args, model_kwargs, too_slow: float):
     """``(median seconds of one full-data gradient, dimension)`` of NUTS's potential energy for
-    ``model`` at a prior draw (data as the program's arguments); ``None`` as soon as the median
+    ``model`` from a prior draw (data as the program's arguments; :data:`LOOPED_GRADIENTS` a call); ``None`` as soon as the median
     gradient takes longer than ``too_slow`` (or one takes 10× as long)."""
     def prior_point(key, args, kwargs):
         trace = handlers.trace(handlers.seed(model, key)).get_trace(*args, **kwargs)
@@ -132,14 +142,20 @@ def time_gradient(model, model_args, model_kwargs, too_slow: float):
 
     model_args, model_kwargs = jax.device_put((model_args, model_kwargs))   # (copied once, not at every call)
     z = jax.jit(prior_point)(jax.random.PRNGKey(0), model_args, model_kwargs)
-    value_and_grad = jax.jit(lambda z, args, kwargs: jax.value_and_grad(
-        lambda u: potential_energy(model, args, kwargs, u))(z))
-    jax.block_until_ready(value_and_grad(z, model_args, model_kwargs))   # compiles
+
+    def gradients(z, args, kwargs):   # LOOPED_GRADIENTS in one program, as NUTS's leapfrogs run
+        def body(_, u):
+            g = jax.grad(lambda v: potential_energy(model, args, kwargs, v))(u)
+            return jax.tree.map(lambda a, b: a - 1e-12 * b, u, g)   # each depends on the last
+        return jax.lax.fori_loop(0, LOOPED_GRADIENTS, body, z)
+
+    gradients = jax.jit(gradients)
+    jax.block_until_ready(gradients(z, model_args, model_kwargs))   # compiles
     times, start = [], time.perf_counter()
     while len(times) < TIMED_GRADIENTS or (len(times) < 10 * TIMED_GRADIENTS and time.perf_counter() - start < 0.2):
         tick = time.perf_counter()
-        jax.block_until_ready(value_and_grad(z, model_args, model_kwargs))
-        times.append(time.perf_counter() - tick)
+        jax.block_until_ready(gradients(z, model_args, model_kwargs))
+        times.append((time.perf_counter() - tick) / LOOPED_GRADIENTS)
         if times[-1] > 10 * too_slow or (len(times) >= TIMED_GRADIENTS and np.median(times) > too_slow):
             return None
     return float(np.median(times)), sum(int(np.size(v)) for v in jax.tree.leaves(z))
@@ -164,7 +180,7 @@ def nuts_estimate(mcmc, ess: float, run_seconds: float, model=None, model_args=N
         return None
     (gradient_seconds, dim), e = timed, ESS_PER_DRAW_LOCALS if has_locals else ESS_PER_DRAW
     steps = leapfrog_steps(condition, dim, doublings=int(has_locals))
-    return NutsEstimate(float(run_seconds), float(ess), nuts_seconds(gradient_seconds, steps, ess, e),
+    return NutsEstimate(float(run_seconds), float(ess), nuts_seconds(LEAPFROG_OVER_GRADIENT * gradient_seconds, steps, ess, e),
                         gradient_seconds, steps, condition, dim, e)
 
 
@@ -223,7 +239,8 @@ def advice(e: NutsEstimate, kernel: str) -> str:
         f"{kernel}: full-data NUTS would likely reach this run's effective sample size sooner. "
         f"This run took {e.run_seconds:.1f} s (warmup and compilation included) for a smallest bulk "
         f"ESS of {e.ess:.0f}; NUTS would take about {e.nuts_seconds:.1f} s: {NUTS_COMPILE_SECONDS} s to compile, "
-        f"then {e.gradient_seconds * 1e3:.3g} ms per full-data gradient (timed on this machine) x "
+        f"then {LEAPFROG_OVER_GRADIENT * e.gradient_seconds * 1e3:.3g} ms per leapfrog step ({LEAPFROG_OVER_GRADIENT:g} x "
+        f"{e.gradient_seconds * 1e3:.3g} ms per full-data gradient, timed on this machine) x "
         f"{e.leapfrog_steps} leapfrog steps per iteration (d = {e.dim}, correlation condition number "
         f"{e.condition:.1f}) x ({NUTS_WARMUP} warmup + {draws:.0f} draws at {e.ess_per_draw} effective "
         "draws per draw). On this model and data size use numpyro.infer.NUTS on the full data "
